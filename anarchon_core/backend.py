@@ -1,0 +1,117 @@
+"""The backend contract: how the core talks to a store.
+
+A backend stores claims and, for lease backends, leases. The scheduler, the Celery beat
+scheduler and the APScheduler executor all drive this same small interface, so it is
+usable on its own, without the scheduler's timer loop::
+
+    backend = SqliteBackend(path="cron.db")
+    await backend.start()
+    result = await backend.claim(ClaimRequest(job="sync", slot=slot, token=new_token(),
+                                              runner="host:42", max_late_ms=60_000))
+    if result.won:
+        ...  # run it, heartbeat every lease_ms / 3, then:
+        await backend.finish(RunRef("sync", slot, token, result.attempt), "success")
+
+Rules every backend keeps:
+
+* ``claim`` is atomic: for one ``(job, slot, manual)`` exactly one caller gets ``won``
+  for each attempt. Lease backends apply the decision table of
+  :mod:`anarchon_core.decision` exactly, with times from the store's own clock.
+  Claim-only backends answer ``won`` to the first claim and ``taken`` to every other.
+* ``heartbeat``, ``finish`` and ``release`` act only when ``ref.token`` is the current
+  attempt's token and the run is still ``running``; they return ``False`` otherwise (the
+  caller is fenced) and never raise for that.
+* ``release`` ends the lease at once (hand-over): the attempt stays ``running`` with an
+  expired lease, so the next claim of a backup takes over as attempt + 1.
+* ``history`` returns one :class:`Run` per attempt, newest first (slot, then attempt,
+  descending). An attempt still ``running`` whose lease has expired is reported
+  ``interrupted``: its runner is gone even if no backup has taken over yet.
+* A run's state is never trimmed while it is running, nor while a claim could still ask
+  for it (``ClaimRequest.keep_ms``); beyond that, history is kept to about
+  ``history_size`` runs per job and, when set, to ``history_ttl_ms``.
+* ``start`` creates what is missing (tables, streams), writes the format record if absent
+  and raises :class:`StoreFormatError` when the store's format is newer than
+  :data:`FORMAT_VERSION`. ``stop`` closes only what the backend opened itself.
+"""
+
+from __future__ import annotations
+
+import abc
+import secrets
+from typing import TYPE_CHECKING, ClassVar
+
+from .models import ClaimRequest, ClaimResult, Run, RunRef
+
+if TYPE_CHECKING:
+    from .options import JobOptions
+
+__all__ = ["FORMAT_VERSION", "Backend", "ClaimOnlyBackend", "new_token"]
+
+#: Version of the data layout anarchon writes. A store with a larger number is refused.
+FORMAT_VERSION = 1
+
+
+def new_token() -> str:
+    """Return a fresh random fencing token."""
+    return secrets.token_hex(12)
+
+
+class Backend(abc.ABC):
+    """Base class of every store adapter (see the module docstring for the rules)."""
+
+    #: Whether the store holds leases: backups, takeover, overlap, catch-up, hand-over.
+    supports_leases: ClassVar[bool] = True
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect, create what is missing and check the store format."""
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Close the connections this backend opened (never a client the user passed)."""
+
+    def check_job(self, name: str, options: JobOptions) -> None:  # noqa: B027 - optional hook
+        """Raise ConfigError if this backend cannot serve a job with these options."""
+
+    @abc.abstractmethod
+    async def clock_ms(self) -> int:
+        """Return the store's clock in ms since the epoch (the clock leases use)."""
+
+    @abc.abstractmethod
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        """Atomically claim ``(request.job, request.slot)``; see the module rules."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
+        """Extend the lease to store-now + ``lease_ms``; False if the caller is fenced."""
+
+    @abc.abstractmethod
+    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+        """Record the attempt's end (``success``/``failed``/``interrupted``)."""
+
+    @abc.abstractmethod
+    async def release(self, ref: RunRef) -> bool:
+        """End the lease now so a backup takes the next attempt (hand-over)."""
+
+    @abc.abstractmethod
+    async def history(self, job: str, limit: int = 20) -> list[Run]:
+        """Return up to ``limit`` attempts of ``job``, newest first."""
+
+    def describe(self) -> str:
+        """A one-line description safe to log (no secrets)."""
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+
+class ClaimOnlyBackend(Backend):
+    """A store that only decides who runs a slot: no leases, no backups, no overlap."""
+
+    supports_leases: ClassVar[bool] = False
+
+    async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
+        """Nothing to extend: a claim-only run can never be taken over."""
+        return True
+
+    async def release(self, ref: RunRef) -> bool:
+        """Nothing to hand over: claim-only runs have no lease."""
+        return False

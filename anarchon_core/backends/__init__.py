@@ -1,0 +1,1 @@
+"""Built-in backends, one module each. Imported lazily: each needs only its own extra."""

@@ -1,0 +1,113 @@
+"""The lease decision table: the single source of truth for every lease backend.
+
+A lease backend reads the run's current state inside one atomic step (a transaction, a
+Lua script), asks :func:`decide` what to do, applies the returned :class:`Decision` in
+that same step, and answers with its outcome. The Redis ``lease`` Lua script implements
+this same table line for line; the conformance suite in ``tests/`` holds every lease
+backend to it.
+
+=====================  ========================================  =====================
+state of (job, slot)   condition                                 write → outcome
+=====================  ========================================  =====================
+none                   first attempt claimed later than          record ``skipped``
+                       ``max_late_ms`` after the slot            (late) → ``late``
+none                   another run of the job holds a live       record ``skipped``
+                       lease and ``overlap`` is off              (overlap) → ``overlap``
+none                   otherwise                                 attempt 1 → ``won``
+finished (any status)                                            none → ``done``
+running                lease in the future                       none → ``running``
+running                lease expired, attempt < max_attempts     mark attempt
+                                                                 ``interrupted``, store
+                                                                 attempt+1 → ``won``
+running                lease expired, no attempts left           mark ``interrupted``
+                                                                 for good → ``done``
+=====================  ========================================  =====================
+
+Heartbeat, finish and release act only while the run is ``running`` with the caller's
+token; any other token is fenced out and the call reports ``False``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest
+
+__all__ = ["Action", "Decision", "RunState", "decide", "needs_overlap_check"]
+
+LEASE_EXPIRED = "lease expired: the runner stopped heartbeating"
+GAVE_UP = "lease expired: the runner stopped heartbeating; max_attempts reached"
+OVERLAP_SKIP = "overlap: an earlier run of this job still holds a live lease"
+
+
+class Action(str, enum.Enum):
+    """The write a backend performs for a decision."""
+
+    NONE = "none"
+    START = "start"            # insert attempt `attempt` (after marking attempt-1 interrupted)
+    SKIP = "skip"              # record the run as skipped with `error`
+    GIVE_UP = "give_up"        # mark the current attempt interrupted for good with `error`
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The current attempt of a run as the store holds it."""
+
+    attempt: int
+    token: str
+    status: str
+    lease_until_ms: int | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to write and what to answer."""
+
+    outcome: ClaimOutcome
+    action: Action = Action.NONE
+    attempt: int = 0
+    error: str | None = None
+    lease_until_ms: int | None = None
+
+
+def needs_overlap_check(request: ClaimRequest, state: RunState | None) -> bool:
+    """Whether :func:`decide` needs to know if another run holds a live lease."""
+    return state is None and not request.overlap
+
+
+def late_error(request: ClaimRequest, now_ms: int) -> str:
+    """The error text recorded for a slot skipped because it was claimed too late."""
+    return (
+        f"late: first claimed {now_ms - request.slot} ms after its time "
+        f"(max_late_ms={request.max_late_ms})"
+    )
+
+
+def decide(
+    request: ClaimRequest, state: RunState | None, now_ms: int, other_live: bool = False
+) -> Decision:
+    """Apply the lease decision table (see the module docstring).
+
+    ``now_ms`` is the store's clock. ``other_live`` tells whether another run of the same
+    job holds a lease that ends after ``now_ms``; it is read only when
+    :func:`needs_overlap_check` says so.
+    """
+    if state is None:
+        if request.max_late_ms is not None and now_ms > request.slot + request.max_late_ms:
+            return Decision(ClaimOutcome.LATE, Action.SKIP, 1, late_error(request, now_ms))
+        if not request.overlap and other_live:
+            return Decision(ClaimOutcome.OVERLAP, Action.SKIP, 1, OVERLAP_SKIP)
+        return Decision(ClaimOutcome.WON, Action.START, 1, None, now_ms + request.lease_ms)
+    if state.status in FINISHED_STATUSES:
+        return Decision(ClaimOutcome.DONE, attempt=state.attempt)
+    if state.lease_until_ms is not None and state.lease_until_ms > now_ms:
+        return Decision(
+            ClaimOutcome.RUNNING, attempt=state.attempt, lease_until_ms=state.lease_until_ms
+        )
+    if state.attempt < request.max_attempts:
+        return Decision(
+            ClaimOutcome.WON, Action.START, state.attempt + 1, LEASE_EXPIRED,
+            now_ms + request.lease_ms,
+        )
+    return Decision(ClaimOutcome.DONE, Action.GIVE_UP, state.attempt, GAVE_UP)

@@ -1,0 +1,41 @@
+"""The exceptions anarchon raises. All derive from :class:`AnarchonError`."""
+
+from __future__ import annotations
+
+
+class AnarchonError(Exception):
+    """Base class of every error anarchon raises on purpose."""
+
+
+class ConfigError(AnarchonError, ValueError):
+    """A bad option, raised where the option is given (construction or registration)."""
+
+
+class UnsupportedStrategyError(AnarchonError):
+    """The store lacks a feature the chosen strategy needs; raised by ``start()``."""
+
+
+class StoreFormatError(AnarchonError):
+    """The store was written by a newer anarchon than this one reads."""
+
+    code = "ANARCHON_STORE_FORMAT"
+
+    def __init__(self, found: int | str, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"{self.code}: the store has format {found!r}, this anarchon reads up to "
+            f"{supported}; upgrade anarchon on this instance or use another namespace"
+        )
+
+
+class StoreError(AnarchonError):
+    """The store answered something anarchon cannot use (corrupt or foreign data)."""
+
+
+class Cancelled(AnarchonError):  # noqa: N818 - the spec's public name
+    """The run was cancelled: timeout, ``stop()`` or a lost lease."""
+
+
+class LeaseLost(Cancelled):  # noqa: N818 - the spec's public name
+    """Another attempt has taken over this run; this runner is fenced."""

@@ -1,0 +1,132 @@
+"""Plain data passed between the scheduler, the backends and users."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from .schedules import ms_to_datetime
+
+RunStatus = Literal["running", "success", "failed", "interrupted", "skipped"]
+FINISHED_STATUSES: frozenset[str] = frozenset({"success", "failed", "interrupted", "skipped"})
+
+
+class ClaimOutcome(str, enum.Enum):
+    """What a claim answered.
+
+    * ``WON``: the caller runs this attempt (attempt 1, or the next one after a takeover).
+    * ``TAKEN``: another instance won; claim-only backends (no lease to watch).
+    * ``RUNNING``: another instance runs it and its lease is live; the caller may watch
+      it as a backup by claiming again every 1–2 heartbeats.
+    * ``OVERLAP``: an earlier run of the job holds a live lease and overlap is off; this
+      slot is recorded ``skipped``.
+    * ``DONE``: the run has finished (any status) or was given up; nothing to do.
+    * ``LATE``: nobody claimed the slot within ``max_late_ms`` of its time by the store's
+      clock; it is recorded ``skipped`` and never run.
+    """
+
+    WON = "won"
+    TAKEN = "taken"
+    RUNNING = "running"
+    OVERLAP = "overlap"
+    DONE = "done"
+    LATE = "late"
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One claim: "record that ``runner`` runs ``(job, slot)``, unless it is taken".
+
+    ``token`` is fresh for every claim call; if the claim wins it becomes the attempt's
+    fencing token. ``max_late_ms`` bounds how long after ``slot`` (by the store's clock) a
+    first attempt may still start; ``None`` means no bound (manual runs). ``keep_ms`` is
+    how far back runs must stay in the store because a late claim could still ask for them.
+    """
+
+    job: str
+    slot: int
+    token: str
+    runner: str
+    manual: bool = False
+    lease_ms: int = 30_000
+    overlap: bool = False
+    max_attempts: int = 3
+    max_late_ms: int | None = None
+    keep_ms: int = 0
+    history_size: int = 1000
+    history_ttl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """The answer to a claim: the outcome, and the attempt number when one was involved."""
+
+    outcome: ClaimOutcome
+    attempt: int = 0
+    token: str | None = None
+    lease_until_ms: int | None = None
+
+    @property
+    def won(self) -> bool:
+        """True when the caller must run this attempt."""
+        return self.outcome is ClaimOutcome.WON
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Identifies one attempt of one run for heartbeat, finish and release."""
+
+    job: str
+    slot: int
+    token: str
+    attempt: int = 1
+    manual: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """One history entry: one attempt of one run.
+
+    ``status`` is ``"running"``, ``"success"``, ``"failed"``, ``"interrupted"`` or
+    ``"skipped"``. Times are aware UTC datetimes; ``started_at`` is when the attempt was
+    claimed (for ``skipped``, when the skip was recorded).
+    """
+
+    job: str
+    slot: int
+    attempt: int
+    status: str
+    runner: str
+    started_at: datetime | None
+    finished_at: datetime | None = None
+    error: str | None = None
+    manual: bool = False
+
+    @property
+    def scheduled_at(self) -> datetime:
+        """The slot as an aware UTC datetime."""
+        return ms_to_datetime(self.slot)
+
+    @property
+    def duration_ms(self) -> int | None:
+        """Milliseconds between start and finish, or None while unfinished."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return round((self.finished_at - self.started_at).total_seconds() * 1000)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A registered job as :meth:`Scheduler.jobs` reports it."""
+
+    name: str
+    schedule: str
+    next_slot: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def next_run_at(self) -> datetime:
+        """``next_slot`` as an aware UTC datetime."""
+        return ms_to_datetime(self.next_slot)

@@ -1,0 +1,69 @@
+"""Shared measuring and printing for the benchmarks (one command each, a table out)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class Measurement:
+    """Latencies of one operation, and the throughput of a concurrent batch of it."""
+
+    name: str
+    latencies_ms: list[float]
+    per_second: float
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies_ms)
+
+    @property
+    def p99_ms(self) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+async def measure(
+    name: str, op: Callable[[int], Awaitable[object]], *, count: int = 2000,
+    concurrency: int = 16, warmup: int = 100,
+) -> Measurement:
+    """Time ``op(i)`` ``count`` times one after another (latency), then ``count`` times
+    with ``concurrency`` in flight (throughput). ``i`` is unique per call, so each call can
+    claim a fresh slot.
+    """
+    for i in range(warmup):
+        await op(-1 - i)
+    latencies = []
+    for i in range(count):
+        started = time.perf_counter()
+        await op(i)
+        latencies.append((time.perf_counter() - started) * 1000)
+    queue = iter(range(count, 2 * count))
+
+    async def worker() -> None:
+        for i in queue:
+            await op(i)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return Measurement(name, latencies, count / elapsed)
+
+
+def print_table(title: str, rows: list[Measurement], floor: Measurement | None = None) -> None:
+    """Print rows with median, p99, throughput and, if given, the ratio to the floor."""
+    print(f"\n{title}")
+    header = f"{'operation':<34} {'median ms':>10} {'p99 ms':>9} {'ops/s':>10}"
+    if floor:
+        header += f" {'median ×floor':>14}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        line = f"{row.name:<34} {row.median_ms:>10.3f} {row.p99_ms:>9.3f} {row.per_second:>10.0f}"
+        if floor:
+            line += f" {row.median_ms / floor.median_ms:>14.2f}"
+        print(line)

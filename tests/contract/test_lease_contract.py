@@ -1,0 +1,300 @@
+"""The lease-backend contract: the decision table of SPEC §4.1 on every lease store.
+
+Every test drives the backend directly (no scheduler), with short leases and the store's
+own clock, so what is checked is the store's behaviour, not the scheduler's timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from anarchon_core.backend import Backend, new_token
+from anarchon_core.errors import StoreFormatError
+from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+
+from ..stores import StoreHandle, StoreSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+LEASE = 600
+
+
+def req(slot: int, runner: str = "a", **kw: object) -> ClaimRequest:
+    return ClaimRequest(job=str(kw.pop("job", "job")), slot=slot, token=new_token(),
+                        runner=runner, lease_ms=int(kw.pop("lease_ms", LEASE)), **kw)  # type: ignore[arg-type]
+
+
+async def slot_now(backend: Backend) -> int:
+    return await backend.clock_ms()
+
+
+async def sleep_past_lease(extra: float = 0.25) -> None:
+    await asyncio.sleep(LEASE / 1000 + extra)
+
+
+def ref(request: ClaimRequest, attempt: int) -> RunRef:
+    return RunRef(request.job, request.slot, request.token, attempt, request.manual)
+
+
+async def test_first_claim_wins_and_others_see_it_running(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    first = await lease_backend.claim(req(slot, "a"))
+    assert first.outcome is ClaimOutcome.WON
+    assert first.attempt == 1
+    second = await lease_backend.claim(req(slot, "b"))
+    assert second.outcome is ClaimOutcome.RUNNING
+    assert second.attempt == 1
+    [run] = await lease_backend.history("job")
+    assert (run.slot, run.attempt, run.status, run.runner) == (slot, 1, "running", "a")
+
+
+async def test_concurrent_claims_have_exactly_one_winner(
+    lease_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    backends = [lease_store[1].backend(namespace) for _ in range(4)]
+    for b in backends:
+        await b.start()
+    try:
+        slot = await backends[0].clock_ms()
+        claims = [b.claim(req(slot, f"r{i}-{j}")) for j in range(5)
+                  for i, b in enumerate(backends)]
+        results = await asyncio.gather(*claims)
+        outcomes = [r.outcome for r in results]
+        assert outcomes.count(ClaimOutcome.WON) == 1
+        assert set(outcomes) == {ClaimOutcome.WON, ClaimOutcome.RUNNING}
+    finally:
+        for b in backends:
+            await b.stop()
+
+
+async def test_finished_run_answers_done_and_is_in_history(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a")
+    assert (await lease_backend.claim(r)).won
+    assert await lease_backend.finish(ref(r, 1), "success")
+    assert (await lease_backend.claim(req(slot, "b"))).outcome is ClaimOutcome.DONE
+    [run] = await lease_backend.history("job")
+    assert run.status == "success"
+    assert run.error is None
+    assert run.finished_at is not None
+    assert run.duration_ms is not None
+    assert run.duration_ms >= 0
+    assert not await lease_backend.finish(ref(r, 1), "failed"), "finishing twice must fail"
+
+
+async def test_failed_run_keeps_its_error(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot)
+    await lease_backend.claim(r)
+    assert await lease_backend.finish(ref(r, 1), "failed", "ValueError: boom")
+    [run] = await lease_backend.history("job")
+    assert (run.status, run.error) == ("failed", "ValueError: boom")
+
+
+async def test_expired_lease_is_taken_over_and_old_runner_is_fenced(
+    lease_backend: Backend,
+) -> None:
+    slot = await slot_now(lease_backend)
+    old = req(slot, "a")
+    assert (await lease_backend.claim(old)).won
+    await sleep_past_lease()
+    new = req(slot, "b")
+    taken = await lease_backend.claim(new)
+    assert (taken.outcome, taken.attempt) == (ClaimOutcome.WON, 2)
+    assert not await lease_backend.heartbeat(ref(old, 1), LEASE)
+    assert not await lease_backend.finish(ref(old, 1), "success")
+    assert not await lease_backend.release(ref(old, 1))
+    assert await lease_backend.heartbeat(ref(new, 2), LEASE)
+    assert await lease_backend.finish(ref(new, 2), "success")
+    second, first = await lease_backend.history("job")
+    assert (second.attempt, second.status, second.runner) == (2, "success", "b")
+    assert (first.attempt, first.status, first.runner) == (1, "interrupted", "a")
+    assert first.error
+
+
+async def test_heartbeat_keeps_the_lease_alive(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a")
+    await lease_backend.claim(r)
+    for _ in range(4):
+        await asyncio.sleep(LEASE / 1000 / 3)
+        assert await lease_backend.heartbeat(ref(r, 1), LEASE)
+    assert (await lease_backend.claim(req(slot, "b"))).outcome is ClaimOutcome.RUNNING
+
+
+async def test_max_attempts_ends_interrupted_for_good(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a", max_attempts=2)
+    await lease_backend.claim(r)
+    await sleep_past_lease()
+    r2 = req(slot, "b", max_attempts=2)
+    assert (await lease_backend.claim(r2)).attempt == 2
+    await sleep_past_lease()
+    last = await lease_backend.claim(req(slot, "c", max_attempts=2))
+    assert last.outcome is ClaimOutcome.DONE
+    assert not await lease_backend.heartbeat(ref(r2, 2), LEASE)
+    runs = await lease_backend.history("job")
+    assert [(x.attempt, x.status) for x in runs] == [(2, "interrupted"), (1, "interrupted")]
+    assert "max_attempts" in (runs[0].error or "")
+    assert (await lease_backend.claim(req(slot, "d"))).outcome is ClaimOutcome.DONE
+
+
+async def test_overlap_skips_and_records_the_slot_once(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    assert (await lease_backend.claim(req(slot, "a"))).won
+    skipped = await lease_backend.claim(req(slot + 1000, "b"))
+    assert skipped.outcome is ClaimOutcome.OVERLAP
+    again = await lease_backend.claim(req(slot + 1000, "c"))
+    assert again.outcome is ClaimOutcome.DONE
+    runs = await lease_backend.history("job")
+    assert [(x.slot, x.status) for x in runs] == [(slot + 1000, "skipped"), (slot, "running")]
+    assert "overlap" in (runs[0].error or "")
+
+
+async def test_overlap_allowed_runs_both(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    assert (await lease_backend.claim(req(slot, "a", overlap=True))).won
+    assert (await lease_backend.claim(req(slot + 1000, "b", overlap=True))).won
+
+
+async def test_expired_earlier_run_does_not_cause_overlap(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    await lease_backend.claim(req(slot, "a"))
+    await sleep_past_lease()
+    assert (await lease_backend.claim(req(slot + 1000, "b"))).won
+
+
+async def test_late_first_claim_is_skipped(lease_backend: Backend) -> None:
+    now = await slot_now(lease_backend)
+    late = await lease_backend.claim(req(now - 5_000, "a", max_late_ms=1_000))
+    assert late.outcome is ClaimOutcome.LATE
+    assert (await lease_backend.claim(req(now - 5_000, "b", max_late_ms=1_000))).outcome \
+        is ClaimOutcome.DONE
+    [run] = await lease_backend.history("job")
+    assert run.status == "skipped"
+    assert "late" in (run.error or "")
+    assert (await lease_backend.claim(req(now - 5_000, "c", job="other",
+                                          max_late_ms=10_000))).won
+
+
+async def test_release_hands_over_at_once(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a", lease_ms=60_000)
+    await lease_backend.claim(r)
+    assert await lease_backend.release(ref(r, 1))
+    taken = await lease_backend.claim(req(slot, "b", lease_ms=60_000))
+    assert (taken.outcome, taken.attempt) == (ClaimOutcome.WON, 2)
+
+
+async def test_released_run_reads_interrupted_until_taken_over(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a", lease_ms=60_000)
+    await lease_backend.claim(r)
+    await lease_backend.release(ref(r, 1))
+    [run] = await lease_backend.history("job")
+    assert run.status == "interrupted"
+
+
+async def test_manual_run_is_separate_from_the_scheduled_slot(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    assert (await lease_backend.claim(req(slot, "a"))).won
+    manual = req(slot, "b", manual=True, overlap=True)
+    assert (await lease_backend.claim(manual)).won
+    assert await lease_backend.finish(ref(manual, 1), "success")
+    runs = await lease_backend.history("job")
+    assert {(x.manual, x.status) for x in runs} == {(True, "success"), (False, "running")}
+
+
+async def test_live_manual_run_makes_scheduled_slot_overlap(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    assert (await lease_backend.claim(req(slot, "a", manual=True, overlap=True))).won
+    assert (await lease_backend.claim(req(slot + 1, "b"))).outcome is ClaimOutcome.OVERLAP
+
+
+async def test_history_is_newest_first_and_limited(lease_backend: Backend) -> None:
+    base = await slot_now(lease_backend)
+    for i in range(5):
+        r = req(base + i * 1000, overlap=True)
+        await lease_backend.claim(r)
+        await lease_backend.finish(ref(r, 1), "success")
+    runs = await lease_backend.history("job", limit=3)
+    assert [x.slot for x in runs] == [base + 4000, base + 3000, base + 2000]
+    assert await lease_backend.history("nothing-here") == []
+
+
+async def test_namespaces_never_see_each_other(
+    lease_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    one = lease_store[1].backend(namespace + "a")
+    two = lease_store[1].backend(namespace + "b")
+    await one.start()
+    await two.start()
+    try:
+        slot = await one.clock_ms()
+        assert (await one.claim(req(slot, "a"))).won
+        assert (await two.claim(req(slot, "b"))).won
+        assert [r.runner for r in await one.history("job")] == ["a"]
+        assert [r.runner for r in await two.history("job")] == ["b"]
+    finally:
+        await one.stop()
+        await two.stop()
+
+
+async def test_history_is_trimmed_but_running_runs_stay(lease_backend: Backend) -> None:
+    base = await slot_now(lease_backend) - 10_000_000
+    running = req(base - 1000, "keeper", overlap=True, lease_ms=600_000, max_late_ms=None)
+    assert (await lease_backend.claim(running)).won
+    for i in range(300):
+        r = req(base + i, overlap=True, history_size=5, max_late_ms=None)
+        assert (await lease_backend.claim(r)).won
+        await lease_backend.finish(ref(r, 1), "success")
+    runs = await lease_backend.history("job", limit=1000)
+    assert len(runs) < 300 / 2, "history was never trimmed"
+    assert any(x.runner == "keeper" and x.status == "running" for x in runs)
+
+
+async def test_trimming_keeps_runs_a_late_claim_could_ask_for(lease_backend: Backend) -> None:
+    now = await slot_now(lease_backend)
+    for i in range(200):
+        r = req(now - 1000 + i, overlap=True, history_size=1, keep_ms=60_000)
+        await lease_backend.claim(r)
+        await lease_backend.finish(ref(r, 1), "success")
+    assert len(await lease_backend.history("job", limit=1000)) == 200
+
+
+async def test_history_ttl_drops_old_runs(lease_backend: Backend) -> None:
+    # 400 runs older than the TTL, then 600 within it: trimming runs on a random ~5 % of
+    # won claims, so one of the last 600 trims everything older (P(miss) ≈ 4e-14).
+    now = await slot_now(lease_backend)
+    for i in range(1000):
+        r = req(now - 700_000 + i * 1_000, overlap=True, history_ttl_ms=300_000)
+        await lease_backend.claim(r)
+        await lease_backend.finish(ref(r, 1), "success")
+    runs = await lease_backend.history("job", limit=2000)
+    assert len(runs) >= 290
+    assert min(x.slot for x in runs) >= now - 300_000 - 10_000
+
+
+async def test_clock_is_close_to_local_time(lease_backend: Backend) -> None:
+    import time
+
+    assert abs(await lease_backend.clock_ms() - time.time() * 1000) < 5_000
+
+
+async def test_newer_store_format_is_refused(
+    lease_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    handle = lease_store[1]
+    assert handle.set_format is not None
+    backend = handle.backend(namespace)
+    await backend.start()
+    await backend.stop()
+    handle.set_format(namespace, "999")
+    again = handle.backend(namespace)
+    with pytest.raises(StoreFormatError) as info:
+        await again.start()
+    await again.stop()
+    assert info.value.code == "ANARCHON_STORE_FORMAT"
+    assert "999" in str(info.value)
