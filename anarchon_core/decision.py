@@ -24,7 +24,9 @@ running                lease expired, no attempts left           mark ``interrup
 =====================  ========================================  =====================
 
 Heartbeat, finish and release act only while the run is ``running`` with the caller's
-token; any other token is fenced out and the call reports ``False``.
+token; any other token is fenced out and the call reports ``False``. Release (hand-over on
+stop) expires the lease at once and notes :data:`HANDED_OVER` as the attempt's error, which
+the takeover keeps when it marks the attempt ``interrupted``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = ["Action", "Decision", "RunState", "decide", "needs_overlap_check"]
 
 LEASE_EXPIRED = "lease expired: the runner stopped heartbeating"
 GAVE_UP = "lease expired: the runner stopped heartbeating; max_attempts reached"
+HANDED_OVER = "handed over: the runner was stopping"
 OVERLAP_SKIP = "overlap: an earlier run of this job still holds a live lease"
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backend import FORMAT_VERSION
-from .decision import Action, RunState, decide, needs_overlap_check
+from .decision import HANDED_OVER, Action, RunState, decide, needs_overlap_check
 from .errors import StoreFormatError
 from .models import ClaimRequest, ClaimResult, Run, RunRef
 from .schedules import ms_to_datetime
@@ -71,8 +71,8 @@ _TEMPLATES: dict[str, str] = {
         VALUES (:job, :slot, :manual, :attempt, :token, :status, :runner,
                 :lease_until, :now, :finished_at, :error)""",
     "end_attempt": """
-        UPDATE {runs} SET status = :status, error = :error, finished_at = :now,
-                          lease_until = NULL
+        UPDATE {runs} SET status = :status, error = COALESCE(error, :error),
+                          finished_at = :now, lease_until = NULL
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND status = 'running'""",
     "heartbeat": """
@@ -85,7 +85,7 @@ _TEMPLATES: dict[str, str] = {
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token AND status = 'running'""",
     "release": """
-        UPDATE {runs} SET lease_until = {now}
+        UPDATE {runs} SET lease_until = {now}, error = :handed_over
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token AND status = 'running'""",
     "history": """

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..backend import FORMAT_VERSION, Backend
+from ..decision import HANDED_OVER
 from ..errors import ConfigError
 from ..models import ClaimRequest, ClaimResult, Run, RunRef
 from ..naming import validate_table
@@ -171,7 +172,7 @@ class SqliteBackend(Backend):
 
     async def release(self, ref: RunRef) -> bool:
         """Expire the lease now so a backup takes over at once."""
-        return await self._update("release", ref_params(ref))
+        return await self._update("release", {**ref_params(ref), "handed_over": HANDED_OVER})
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first."""

@@ -195,6 +195,11 @@ async def test_released_run_reads_interrupted_until_taken_over(lease_backend: Ba
     await lease_backend.release(ref(r, 1))
     [run] = await lease_backend.history("job")
     assert run.status == "interrupted"
+    assert "handed over" in (run.error or "")
+    await lease_backend.claim(req(slot, "b", lease_ms=60_000))
+    _, first = await lease_backend.history("job")
+    assert (first.attempt, first.status) == (1, "interrupted")
+    assert "handed over" in (first.error or "")
 
 
 async def test_manual_run_is_separate_from_the_scheduled_slot(lease_backend: Backend) -> None:

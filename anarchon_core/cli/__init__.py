@@ -1,0 +1,1 @@
+"""The ``anarchon`` command line."""

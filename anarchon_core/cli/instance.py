@@ -1,0 +1,143 @@
+"""One demo/test instance process: a Scheduler with jobs described in JSON, and a ledger.
+
+Used by ``anarchon demo``, the multi-process tests and the chaos harness::
+
+    python -m anarchon_core.cli.instance --backend URL --jobs '[{"name": "tick",
+        "every": "1s", "sleep_s": 0.1}]' --ledger DIR [--lease-ms N] [--heartbeat-ms N]
+
+Every handler appends what it did to ``DIR/<pid>.jsonl`` (flushed and fsynced, so a
+SIGKILL loses nothing written): a ``start`` line when it begins and an ``end`` line right
+after confirming its lease (``ctx.check_lease``), i.e. the side effect a real job would
+make once. The file ``DIR/<pid>.ready`` appears once the scheduler has started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from ..context import JobContext
+from ..errors import Cancelled
+from ..scheduler import Scheduler
+
+log = logging.getLogger("anarchon.instance")
+
+
+class Ledger:
+    """An append-only JSON-lines file, fsynced after every line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, event: str, ctx: JobContext, **extra: Any) -> None:
+        """Append one event of the run ``ctx``."""
+        line = json.dumps({
+            "event": event, "job": ctx.job, "slot": ctx.slot, "attempt": ctx.attempt,
+            "token": ctx.token, "manual": ctx.manual, "instance": ctx.instance_id,
+            "pid": os.getpid(), "time_ms": round(time.time() * 1000), **extra,
+        })
+        os.write(self._fd, (line + "\n").encode())
+        os.fsync(self._fd)
+
+
+def make_handler(spec: dict[str, Any], ledger: Ledger | None) -> Any:
+    """A handler that sleeps ``sleep_s`` (async or, with ``"sync": true``, in a thread)."""
+    sleep_s = float(spec.get("sleep_s", 0.05))
+    fail = bool(spec.get("fail", False))
+
+    def done(ctx: JobContext) -> None:
+        if fail:
+            raise RuntimeError("this job fails on purpose")
+        if ledger:
+            ledger.write("end", ctx)
+
+    if spec.get("sync"):
+        def sync_handler(ctx: JobContext) -> None:
+            if ledger:
+                ledger.write("start", ctx)
+            deadline = time.monotonic() + sleep_s
+            while time.monotonic() < deadline:
+                ctx.raise_if_cancelled()
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            ctx.check_lease()
+            done(ctx)
+        return sync_handler
+
+    async def async_handler(ctx: JobContext) -> None:
+        if ledger:
+            ledger.write("start", ctx)
+        await asyncio.sleep(sleep_s)
+        await ctx.acheck_lease()
+        done(ctx)
+    return async_handler
+
+
+def build(args: argparse.Namespace) -> Scheduler:
+    """The scheduler of this instance."""
+    kwargs: dict[str, Any] = {}
+    if args.lease_ms:
+        kwargs["lease_ms"] = args.lease_ms
+    if args.heartbeat_ms:
+        kwargs["heartbeat_ms"] = args.heartbeat_ms
+    if args.instance_id:
+        kwargs["instance_id"] = args.instance_id
+    scheduler = Scheduler(args.backend, **kwargs)
+    ledger = None
+    if args.ledger:
+        ledger = Ledger(Path(args.ledger) / f"{os.getpid()}.jsonl")
+    for spec in json.loads(args.jobs):
+        handler = make_handler(spec, ledger)
+        options = spec.get("options", {})
+        if "cron" in spec:
+            scheduler.cron(spec["name"], spec["cron"], handler, tz=spec.get("tz", "UTC"),
+                           **options)
+        else:
+            scheduler.every(spec["name"], spec["every"], handler, **options)
+    return scheduler
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Run until SIGTERM/SIGINT (or ``--seconds``), then stop gracefully."""
+    scheduler = build(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await scheduler.start()
+    if args.ledger:
+        (Path(args.ledger) / f"{os.getpid()}.ready").write_text(scheduler.instance_id)
+    try:
+        await asyncio.wait_for(stop.wait(), args.seconds)
+    except (asyncio.TimeoutError, Cancelled):
+        pass
+    await scheduler.stop(grace_ms=args.grace_ms)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m anarchon_core.cli.instance``."""
+    parser = argparse.ArgumentParser(prog="python -m anarchon_core.cli.instance")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--jobs", required=True, help="JSON list of job specs")
+    parser.add_argument("--ledger", help="directory for the ledger files")
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--lease-ms", type=int, default=None)
+    parser.add_argument("--heartbeat-ms", type=int, default=None)
+    parser.add_argument("--grace-ms", type=int, default=2_000)
+    parser.add_argument("--instance-id", default=None)
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format=f"%(asctime)s [{os.getpid()}] %(name)s %(message)s")
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Synchronous twins of the scheduler's coroutines, for Django, Celery beat, APScheduler.
+
+``scheduler.sync.start()`` runs the scheduler on an event loop in a background thread;
+``scheduler.sync.history(...)``, ``run_now(...)`` and ``stop()`` run on whichever loop the
+scheduler lives on (that thread's, or the user's own loop when started with
+``await scheduler.start()`` elsewhere), so its connections are only ever used from their
+own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .models import Run
+    from .scheduler import Scheduler
+
+__all__ = ["SyncScheduler"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="anarchon-loop",
+                                       daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class SyncScheduler:
+    """Blocking versions of :class:`Scheduler`'s coroutines: ``scheduler.sync.<name>``.
+
+    ``start()``, ``stop()``, ``history(name, limit)`` and ``run_now(name)`` block until
+    done. Call them from ordinary threads (a Django view, a Celery beat); inside an event
+    loop use the coroutines instead.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        self._thread: _LoopThread | None = None
+        self._lock = threading.Lock()
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._scheduler._loop
+        if loop is not None and loop.is_running():
+            return loop
+        with self._lock:
+            if self._thread is None:
+                self._thread = _LoopThread()
+            return self._thread.loop
+
+    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float | None) -> T:
+        loop = self._loop()
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if current is loop:
+            raise RuntimeError("scheduler.sync.* blocks the event loop it needs; "
+                               "await the coroutine method instead")
+        return asyncio.run_coroutine_threadsafe(make(), loop).result(timeout)
+
+    def start(self) -> None:
+        """Start the scheduler on a background event loop thread; returns once started."""
+        self._call(self._scheduler.start, 60)
+
+    def stop(self, grace_ms: int | None = None) -> None:
+        """Stop the scheduler (see :meth:`Scheduler.stop`) and its background thread."""
+        self._call(lambda: self._scheduler.stop(grace_ms), None)
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.close()
+
+    def history(self, name: str, limit: int = 20) -> list[Run]:
+        """Blocking :meth:`Scheduler.history`."""
+        return self._call(lambda: self._scheduler.history(name, limit), 60)
+
+    def run_now(self, name: str, timeout: float | None = None) -> Run:
+        """Blocking :meth:`Scheduler.run_now`; ``timeout`` in seconds (None waits)."""
+        return self._call(lambda: self._scheduler.run_now(name), timeout)
