@@ -49,6 +49,7 @@ __all__ = [
     "claim_record",
     "decode_json",
     "encode_json",
+    "parse_many",
     "parse_record",
     "result_record",
     "runs_from_records",
@@ -92,7 +93,7 @@ Record = ClaimRecord | ResultRecord
 
 
 def claim_record(request: ClaimRequest, at_ms: int) -> dict[str, str]:
-    """The claim record of ``request``, won at ``at_ms``."""
+    """Return the claim record of ``request``, won at ``at_ms``."""
     return {
         "v": RECORD_VERSION, "kind": "claim", "job": request.job, "slot": str(request.slot),
         "manual": "1" if request.manual else "0", "token": request.token,
@@ -104,7 +105,7 @@ def result_record(
     ref: RunRef, *, status: str, error: str | None, runner: str, started_ms: int | None,
     at_ms: int,
 ) -> dict[str, str]:
-    """The result record of the run ``ref``: ``status`` (and ``error``) at ``at_ms``."""
+    """Return the result record of the run ``ref``: ``status`` (and ``error``) at ``at_ms``."""
     if status not in _RESULT_STATUSES:
         raise ValueError(f"invalid result status {status!r}")
     record = {
@@ -119,12 +120,12 @@ def result_record(
 
 
 def encode_json(record: Mapping[str, str]) -> bytes:
-    """A record as a compact JSON object (message bodies)."""
+    """Encode a record as a compact JSON object (message bodies)."""
     return json.dumps(dict(record), separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def decode_json(body: bytes) -> dict[str, str]:
-    """The flat dict of a JSON message body; StoreError if it is not one."""
+    """Decode a JSON message body into a flat dict; StoreError if it is not one."""
     try:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -175,7 +175,7 @@ class Scheduler:
         if name in self._jobs:
             raise ConfigError(f"job {name!r} is already registered; remove({name!r}) first")
         job_options = JobOptions.build(schedule, options, leases=self.backend.supports_leases,
-                                       now_ms=self._now_ms())
+                                       now_ms=round(self._now_ms()))
         self.backend.check_job(name, job_options)
 
         def add(fn: H) -> H:
@@ -189,7 +189,7 @@ class Scheduler:
                 self._start_job(job)
             return fn
 
-        return add if handler is None else add(handler)  # type: ignore[arg-type]
+        return add if handler is None else add(handler)
 
     def remove(self, name: str) -> bool:
         """Unregister a job; a run already going finishes. False if there was none."""
@@ -202,7 +202,7 @@ class Scheduler:
 
     def jobs(self) -> list[JobInfo]:
         """The registered jobs with their next slot."""
-        now = self._now_ms()
+        now = round(self._now_ms())
         return [JobInfo(j.name, j.schedule.describe(), j.schedule.next_after(now),
                         j.options.as_dict()) for j in self._jobs.values()]
 
@@ -380,7 +380,8 @@ class Scheduler:
             job=job.name, slot=slot, token=new_token(), runner=self.instance_id,
             manual=manual, lease_ms=self.lease_ms, overlap=o.overlap or manual,
             max_attempts=1 if manual else o.max_attempts,
-            max_late_ms=None if manual else (max_late_ms or o.max_late_ms),
+            max_late_ms=None if manual else (o.max_late_ms if max_late_ms is None
+                                             else max_late_ms),
             keep_ms=max(o.max_late_ms, o.catch_up_ms) + o.jitter_ms + _KEEP_MARGIN_MS,
             history_size=self.history_size, history_ttl_ms=self.history_ttl_ms,
         )

@@ -16,6 +16,7 @@ daylight-saving changes (the same as Vixie cron and cronie):
 from __future__ import annotations
 
 import abc
+import math
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -96,7 +97,7 @@ class EverySchedule(Schedule):
 
     def latest_at_or_before(self, ms: int) -> int:
         """Return the last grid point at or before ``ms``."""
-        k = (ms - self.offset_ms) // self.interval_ms
+        k = (math.floor(ms) - self.offset_ms) // self.interval_ms  # slots stay ints
         return k * self.interval_ms + self.offset_ms
 
     def typical_gap_ms(self, around_ms: int) -> int:
@@ -140,10 +141,7 @@ class CronSchedule(Schedule):
         return f"cron {self.expression} {self.tz}"
 
     def _iter(self, wall: datetime, *, backwards: bool = False) -> croniter:
-        return croniter(
-            self.expression, wall, is_prev=backwards, second_at_beginning=True,
-            ret_type=datetime,
-        )
+        return croniter(self.expression, wall, is_prev=backwards, second_at_beginning=True)
 
     def _wall(self, ms: int) -> datetime:
         return ms_to_datetime(ms).astimezone(self.zone)

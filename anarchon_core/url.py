@@ -35,15 +35,19 @@ def mask_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(key.lower() == "password" for key, _ in pairs):
+            query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs],
+                              safe="*")
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    netloc = parts.netloc
+    if at and ":" in userinfo:
+        # Kept as written (not re-parsed): a bad port must not make masking raise.
+        netloc = f"{userinfo.partition(':')[0]}:***@{hostport}"
+    # Replaced in place: urlunsplit would turn "sqlite:////abs.db" into "sqlite://abs.db".
+    return url.replace(parts.netloc, netloc, 1).replace(f"?{parts.query}", f"?{query}", 1)
 
 
 def split_namespace_params(url: str) -> tuple[str, dict[str, str]]:

@@ -131,7 +131,8 @@ class PostgresBackend(Backend):
                 "AND manual = %(manual)s AND attempt = %(attempt)s AND token = %(token)s"
             ).format(runs).as_string(),
         }
-        self._settings = {"timeout": str(timeout_ms)}
+        # A lock wait reports itself as such (LockNotAvailable), before the statement limit.
+        self._settings = {"timeout": str(timeout_ms), "statement_timeout": str(2 * timeout_ms)}
         self._started = False
 
     @classmethod
@@ -273,7 +274,7 @@ class PostgresBackend(Backend):
 # waiter gives up (and retries) instead of hanging.
 _SETTINGS = (
     "SELECT set_config('lock_timeout', %(timeout)s, true), "
-    "set_config('statement_timeout', %(timeout)s, true), "
+    "set_config('statement_timeout', %(statement_timeout)s, true), "
     "set_config('idle_in_transaction_session_timeout', %(timeout)s, true)"
 )
 
@@ -282,7 +283,7 @@ def _derived(name: str, suffix: str) -> str:
     """``name + suffix``, shortened with a hash when longer than PostgreSQL keeps."""
     if len(name) + len(suffix) <= _MAX_IDENT:
         return name + suffix
-    digest = hashlib.sha1(name.encode()).hexdigest()[:8]  # noqa: S324 - a name, not security
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
     return f"{name[:_MAX_IDENT - len(suffix) - 9]}_{digest}{suffix}"
 
 
@@ -301,7 +302,7 @@ def _strip_params(url: str, names: tuple[str, ...]) -> str:
 # -- where connections come from ------------------------------------------------------
 
 
-class _Transient(Exception):  # noqa: N818 - internal signal, never escapes
+class _Transient(Exception):
     """A transaction failed in a way worth retrying on a (new) connection."""
 
     def __init__(self, error: psycopg.Error) -> None:
@@ -520,7 +521,10 @@ def _make_source(connection: object) -> _Source:
     if isinstance(connection, psycopg.Connection):
         return _UserSyncConnection(connection)
     with contextlib.suppress(ImportError):
-        from psycopg_pool import AsyncConnectionPool, ConnectionPool
+        from psycopg_pool import (  # noqa: PLC0415 - optional: psycopg alone is enough
+            AsyncConnectionPool,
+            ConnectionPool,
+        )
 
         if isinstance(connection, AsyncConnectionPool):
             return _UserAsyncPool(connection)

@@ -10,7 +10,8 @@ plain arrays, so they look the same through every client.
   coroutine function: called in a worker thread so the event loop never blocks.
 * Valkey GLIDE async and sync clients (standalone and cluster): ``custom_command``.
 
-A URL or an options dict opens anarchon's own ``redis.asyncio`` client, which ``close()``
+A URL or an options dict opens anarchon's own ``redis.asyncio`` client (``RedisCluster``
+with ``?cluster=true`` in the URL or ``"cluster": True`` in the options), which ``close()``
 closes; a client the user passed in is never closed (``Commands.owned`` says which).
 """
 
@@ -24,7 +25,9 @@ from dataclasses import dataclass
 from functools import cache, partial
 from importlib import resources
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from redis.asyncio import Redis, RedisCluster
 
 from ..errors import ConfigError
 from ..url import mask_url
@@ -36,7 +39,7 @@ DEFAULT_URL = "redis://localhost:6379/0"
 _SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
 #: Timeouts for anarchon's own connection unless the URL or options set them: a hung
 #: server must fail a claim (the scheduler retries) rather than block it forever.
-_OWN_DEFAULTS = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
+_OWN_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
 
 
 def plain(value: Any) -> Any:
@@ -93,8 +96,9 @@ class LuaScript:
     @cache
     def load(cls, name: str) -> LuaScript:
         """Read ``lua/<name>.lua`` from the package."""
-        source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())  # noqa: S324
+        folder = resources.files("anarchon_core.backends").joinpath("lua")
+        source = folder.joinpath(f"{name}.lua").read_text("utf-8")
+        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
     async def run(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """EVALSHA, falling back to EVAL when the server does not have the script yet."""
@@ -138,8 +142,12 @@ def adapt_client(client: object) -> Commands:
     )
 
 
-def check_url(url: str) -> str:
-    """Validate a redis/rediss/valkey/valkeys URL; return it for redis-py's ``from_url``."""
+def check_url(url: str) -> tuple[str, bool]:
+    """Validate a redis/rediss/valkey/valkeys URL.
+
+    Returns the URL for redis-py's ``from_url`` and whether ``?cluster=true`` asked for a
+    Redis Cluster client.
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -154,38 +162,58 @@ def check_url(url: str) -> str:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise ConfigError(f"invalid Redis URL {mask_url(url)!r}: bad port") from None
-    return parts._replace(scheme=_SCHEMES[scheme]).geturl()
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    cluster = [v for k, v in query if k == "cluster"]
+    rest = urlencode([(k, v) for k, v in query if k != "cluster"])
+    return parts._replace(scheme=_SCHEMES[scheme], query=rest).geturl(), \
+        _flag("cluster", cluster[-1]) if cluster else False
+
+
+def _flag(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ConfigError(f"invalid {name} {value!r}: expected true or false")
 
 
 @cache
-def _option_names() -> frozenset[str]:
-    from redis.asyncio import Redis
+def _option_names(cluster: bool) -> frozenset[str]:
+    names = set(inspect.signature(Redis.__init__).parameters)
+    if cluster:
+        names |= set(inspect.signature(RedisCluster.__init__).parameters)
+    return frozenset(names - {"self", "kwargs"})
 
-    params = inspect.signature(Redis.__init__).parameters
-    return frozenset(name for name in params if name != "self")
 
+def check_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Validate an options dict for ``redis.asyncio.Redis(**options)``.
 
-def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate an options dict for ``redis.asyncio.Redis(**options)``."""
-    unknown = sorted(set(options) - _option_names())
+    ``"cluster": True`` asks for ``redis.asyncio.RedisCluster(**options)`` instead; the
+    flag is returned apart from the options.
+    """
+    rest = {k: v for k, v in options.items() if k != "cluster"}
+    cluster = _flag("cluster", options.get("cluster", False))
+    unknown = sorted(set(rest) - _option_names(cluster))
     if unknown:
         raise ConfigError(
             f"unknown Redis connection option(s) {', '.join(map(repr, unknown))}; use "
             "redis.asyncio.Redis arguments such as host, port, db, username, password, ssl"
         )
-    return dict(options)
+    return rest, cluster
 
 
-def open_client(target: str | Mapping[str, Any]) -> Commands:
+def open_client(target: str | Mapping[str, Any], *, cluster: bool = False) -> Commands:
     """Open anarchon's own ``redis.asyncio`` client from a checked URL or options dict."""
-    from redis.asyncio import Redis
-
+    cls: Any = RedisCluster if cluster else Redis
     if isinstance(target, str):
-        client = Redis.from_url(target, **_OWN_DEFAULTS)
+        client = cls.from_url(target, **_OWN_DEFAULTS)
     else:
-        client = Redis(**{**_OWN_DEFAULTS, **target})
-    return Commands(partial(_execute, client), label="redis.asyncio.Redis", owned=True,
-                    blocking=False, closer=client.aclose)
+        client = cls(**{**_OWN_DEFAULTS, **target})
+    return Commands(partial(_execute, client), label=f"redis.asyncio.{cls.__name__}",
+                    owned=True, blocking=False, closer=client.aclose)
 
 
 def _execute(client: Any, args: Sequence[Arg]) -> Any:

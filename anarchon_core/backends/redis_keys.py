@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["LEASE_PARTS", "CLAIM_PARTS", "Part", "redis_key"]
+__all__ = ["CLAIM_PARTS", "LEASE_PARTS", "Part", "redis_key"]
 
 Part = Literal["state", "active", "slots", "runs", "results", "manual", "format"]
 #: The keys of one job with the lease strategy, in the order the scripts take them.

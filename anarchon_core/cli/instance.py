@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -114,10 +115,8 @@ async def serve(args: argparse.Namespace) -> None:
     await scheduler.start()
     if args.ledger:
         (Path(args.ledger) / f"{os.getpid()}.ready").write_text(scheduler.instance_id)
-    try:
+    with contextlib.suppress(asyncio.TimeoutError, Cancelled):
         await asyncio.wait_for(stop.wait(), args.seconds)
-    except (asyncio.TimeoutError, Cancelled):
-        pass
     await scheduler.stop(grace_ms=args.grace_ms)
 
 

@@ -32,9 +32,10 @@ local function log_attempt(attempt, status)
              'attempt', attempt, 'status', status, 'runner', runner, 'token', token)
 end
 
--- End the current attempt `st` with `status`/`err`: it leaves the active set and gets its
--- result entry (one per attempt).
+-- End the current attempt `st` with `status`: it gets its result entry (one per attempt).
+-- An error noted while running (a hand-over on stop) is kept over `err`.
 local function end_attempt(st, status, err)
+  err = st.e or err
   st.s, st.e, st.f, st.l = status, err, now_s, nil
   redis.call('HSET', state_key, run_id, cjson.encode(st))
   redis.call('ZADD', results_key, score, cjson.encode(

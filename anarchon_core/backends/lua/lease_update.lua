@@ -2,7 +2,8 @@
 -- is running, with the caller's token; answer 1 if done, 0 if the caller is fenced.
 -- KEYS: state (hash), active (set), results (sorted set)
 -- ARGV: op (heartbeat | finish | release), run_id, attempt, token,
---       heartbeat: lease_ms; finish: score, status, error ("" for none)
+--       heartbeat: lease_ms; finish: score, status, error ("" for none);
+--       release: the hand-over note (decision.HANDED_OVER), kept as the attempt's error
 if redis.replicate_commands then redis.replicate_commands() end
 local op, run_id, attempt, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local raw = redis.call('HGET', KEYS[1], run_id)
@@ -15,7 +16,7 @@ local function num(x) return string.format('%.0f', x) end
 if op == 'heartbeat' then
   st.l = num(now + tonumber(ARGV[5]))
 elseif op == 'release' then
-  st.l = num(now)
+  st.l, st.e = num(now), ARGV[5]
 elseif op == 'finish' then
   local err = ARGV[7]
   if err == '' then err = nil end

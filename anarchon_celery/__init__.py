@@ -1,0 +1,1 @@
+"""Celery beat integration for anarchon (empty until its own issue lands)."""

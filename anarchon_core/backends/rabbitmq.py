@@ -1,0 +1,418 @@
+"""RabbitMQ: a claim-only backend (one winner per run; no leases).
+
+Built on aio-pika (asyncio, like the core: no thread per connection, and claims of many
+jobs share one connection and channel with publisher confirms in flight together).
+
+How a claim works: each run has its own queue ``<prefix><job>.<slot>`` (manual runs:
+``<prefix><job>.<slot>.manual``), declared by every claimant as a durable **classic**
+queue with ``x-max-length: 1`` and ``x-overflow: reject-publish``, and never consumed.
+Every claimant publishes one persistent message to it with publisher confirms: the
+broker accepts the first (``basic.ack``: the claimant won) and refuses every later one
+(``basic.nack``: taken). Quorum queues are not used: they do not enforce the length
+limit exactly. The queue deletes itself ``run_expires_ms`` after its last declaration
+(``x-expires``), which must outlast any late claim: :meth:`check_job` refuses a job whose
+``max_late_ms + jitter_ms`` exceeds half of it.
+
+History: each job has a **stream queue** ``<prefix><job>.history`` holding one claim
+record per won run and one result record per finished run (see
+:mod:`anarchon_core.claimrecords`). A stream is read without being consumed, so
+concurrent readers and writers never disturb each other. Because AMQP cannot tell a
+stream reader where the stream ends, :meth:`history` first appends a small marker
+record and reads from the start of the stream until it sees its own marker. The stream
+keeps about ``history_size`` runs (``x-max-length-bytes``, whole segments at a time)
+and, when ``history_ttl_ms`` is set, drops older records (``x-max-age``).
+
+Clock: RabbitMQ does not give clients its time, so late claims are judged by this
+machine's clock (:meth:`clock_ms`). Clock skew can only change whether a late slot runs,
+never make it run twice: the queue alone decides the winner.
+
+The store-format record is the durable queue ``<prefix>format``, whose ``x-max-length``
+argument holds the format number (RabbitMQ refuses to redeclare a queue with another
+value and names the current one, which is how a newer format is detected).
+
+What it cannot do (documented in ``docs/backends/rabbitmq.md``): leases, backups,
+takeover, overlap protection, catch-up; a run whose runner died stays ``running`` in
+history; a claim whose confirm was lost with the connection is not retried as won (the
+run is skipped rather than run twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.exceptions import (
+    ChannelNotFoundEntity,
+    ChannelPreconditionFailed,
+    DeliveryError,
+    PublishError,
+)
+
+from ..backend import FORMAT_VERSION, ClaimOnlyBackend
+from ..claimrecords import (
+    claim_record,
+    decode_json,
+    encode_json,
+    parse_many,
+    result_record,
+    runs_from_records,
+)
+from ..decision import late_error
+from ..errors import ConfigError, StoreError, StoreFormatError
+from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..naming import validate_job_name, validate_prefix
+from ..url import mask_url, split_namespace_params
+
+if TYPE_CHECKING:
+    from ..options import JobOptions
+
+__all__ = ["RabbitMQBackend"]
+
+log = logging.getLogger("anarchon.rabbitmq")
+
+DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+MAX_QUEUE_NAME = 255
+#: Bytes a stream keeps per run of history (a claim and a result record, with headroom).
+_BYTES_PER_RUN = 800
+_MIN_HISTORY_BYTES = 64_000
+_CURRENT_FORMAT = re.compile(r"current is (?:the value )?'?(\w+)'?")
+
+
+@dataclass
+class _Won:
+    runner: str
+    at_ms: int
+    stream_args: dict[str, Any]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RabbitMQBackend(ClaimOnlyBackend):
+    """Claim-only backend on RabbitMQ (classic queues as first-writer-wins, see module).
+
+    :param url: an AMQP URL (``amqp://`` or ``amqps://``; user, password and vhost in
+        it), default ``"amqp://guest:guest@localhost:5672/"``, or an open aio-pika
+        connection, which this backend uses and never closes.
+    :param prefix: the namespace of every queue name, default ``"cron."``.
+    :param run_expires_ms: how long a run's queue outlives its last claim (``x-expires``,
+        default 10 minutes). Every instance of a namespace must use the same value.
+    :param timeout_s: how long a connect, declaration or publisher confirm may take.
+    """
+
+    def __init__(
+        self, url: str | AbstractConnection = DEFAULT_URL, *, prefix: str = "cron.",
+        run_expires_ms: int = 600_000, timeout_s: float = 10.0,
+    ) -> None:
+        self.prefix = validate_prefix(prefix)
+        if self.prefix.lower().startswith("amq."):
+            raise ConfigError(f"invalid prefix {prefix!r}: names starting 'amq.' are "
+                              "reserved by RabbitMQ")
+        if isinstance(run_expires_ms, bool) or not isinstance(run_expires_ms, int) or \
+                run_expires_ms < 10_000:
+            raise ConfigError(f"invalid run_expires_ms {run_expires_ms!r}: expected an int "
+                              "≥ 10000")
+        if isinstance(url, str):
+            if not url.lower().startswith(("amqp://", "amqps://")):
+                raise ConfigError(f"invalid RabbitMQ URL {mask_url(url)!r}: expected "
+                                  "amqp://user:password@host:port/vhost")
+            self._url: str | None = url
+            self._given: AbstractConnection | None = None
+        elif isinstance(url, AbstractConnection):
+            self._url, self._given = None, url
+        else:
+            raise ConfigError(f"invalid url {type(url).__name__}: expected an AMQP URL or an "
+                              "aio-pika connection")
+        self.run_expires_ms = run_expires_ms
+        self.timeout_s = timeout_s
+        self._conn: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._lock = asyncio.Lock()
+        self._streams: set[str] = set()
+        self._won: dict[str, _Won] = {}
+        self._stream_args: dict[str, dict[str, Any]] = {}
+        self._run_args = {
+            "x-queue-type": "classic", "x-max-length": 1, "x-overflow": "reject-publish",
+            "x-expires": run_expires_ms,
+        }
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RabbitMQBackend:
+        """``amqp://user:pass@host:5672/vhost?prefix=billing.cron.`` (``prefix`` optional)."""
+        rest, params = split_namespace_params(url)
+        unknown = sorted(set(params) - {"prefix"})
+        if unknown:
+            raise ConfigError(f"invalid RabbitMQ URL {mask_url(url)!r}: unknown parameter "
+                              f"{unknown[0]!r}")
+        return cls(rest, **{**params, **options})
+
+    def describe(self) -> str:
+        """E.g. ``RabbitMQBackend(url='amqp://guest:***@localhost:5672/', prefix='cron.')``."""
+        where = mask_url(self._url) if self._url is not None else "<connection>"
+        return f"RabbitMQBackend(url={where!r}, prefix={self.prefix!r})"
+
+    # ------------------------------------------------------------------ names
+
+    def _name(self, job: str, suffix: str) -> str:
+        name = f"{self.prefix}{job}.{suffix}"
+        if len(name.encode()) > MAX_QUEUE_NAME:
+            digest = hashlib.sha256(job.encode()).hexdigest()[:40]
+            name = f"{self.prefix}~{digest}.{suffix}"
+        return name
+
+    def run_queue(self, job: str, slot: int, manual: bool = False) -> str:
+        """Return the queue that decides the run ``(job, slot, manual)``."""
+        return self._name(job, f"{slot}.manual" if manual else str(slot))
+
+    def history_stream(self, job: str) -> str:
+        """Return the stream queue holding ``job``'s claim and result records."""
+        return self._name(job, "history")
+
+    @property
+    def format_queue(self) -> str:
+        """The queue whose ``x-max-length`` is the namespace's store format."""
+        return f"{self.prefix}format"
+
+    # ------------------------------------------------------------------ connection
+
+    async def _connection(self) -> AbstractConnection:
+        if self._given is not None:
+            return self._given
+        if self._conn is None or self._conn.is_closed:
+            assert self._url is not None
+            self._streams.clear()
+            self._channel = None
+            try:
+                self._conn = await asyncio.wait_for(aio_pika.connect(self._url),
+                                                    self.timeout_s)
+            except Exception as exc:
+                # aio-pika's messages may hold the URL: report it masked.
+                raise StoreError(f"cannot connect to RabbitMQ at {mask_url(self._url)}: "
+                                 f"{type(exc).__name__}") from None
+        return self._conn
+
+    async def _confirm_channel(self) -> AbstractChannel:
+        """Return the shared channel for claims and records (publisher confirms on)."""
+        channel = self._channel
+        if channel is not None and not channel.is_closed and \
+                not (await self._connection()).is_closed:
+            return channel
+        async with self._lock:
+            if self._channel is None or self._channel.is_closed:
+                conn = await self._connection()
+                self._channel = await conn.channel(publisher_confirms=True,
+                                                   on_return_raises=True)
+            return self._channel
+
+    async def _declare(self, name: str, arguments: dict[str, Any]) -> None:
+        """Declare ``name``; if it exists with other arguments, accept it as it is."""
+        channel = await self._confirm_channel()
+        try:
+            await channel.declare_queue(name, durable=True, arguments=arguments,
+                                        timeout=self.timeout_s)
+        except ChannelPreconditionFailed as exc:
+            # Another instance declared it with other settings (say, another x-expires);
+            # its queue decides all the same.
+            log.warning("queue %s exists with other arguments (%s); using it as it is",
+                        name, exc.args[0] if exc.args else exc)
+            channel = await self._confirm_channel()
+            await channel.declare_queue(name, passive=True, timeout=self.timeout_s)
+
+    async def _publish(self, name: str, body: bytes, message_id: str | None = None) -> None:
+        """Publish persistently to queue ``name``; raise DeliveryError if refused."""
+        channel = await self._confirm_channel()
+        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                   message_id=message_id, content_type="application/json")
+        await channel.default_exchange.publish(message, routing_key=name, mandatory=True,
+                                               timeout=self.timeout_s)
+
+    async def start(self) -> None:
+        """Connect and check (or write) the namespace's store-format record."""
+        conn = await self._connection()
+        channel = await conn.channel()
+        try:
+            await channel.declare_queue(
+                self.format_queue, durable=True, timeout=self.timeout_s,
+                arguments={"x-max-length": FORMAT_VERSION, "x-anarchon": "store format"},
+            )
+        except ChannelPreconditionFailed as exc:
+            text = str(exc.args[0]) if exc.args else str(exc)
+            match = _CURRENT_FORMAT.search(text)
+            found = match.group(1) if match else text
+            try:
+                number = int(found)
+            except ValueError:
+                raise StoreFormatError(found, FORMAT_VERSION) from None
+            if number > FORMAT_VERSION:
+                raise StoreFormatError(number, FORMAT_VERSION) from None
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def stop(self) -> None:
+        """Close the connection this backend opened (never one passed in)."""
+        conn, channel = self._conn, self._channel
+        self._conn, self._channel = None, None
+        self._streams.clear()
+        if conn is not None and not conn.is_closed:
+            await conn.close()
+        elif self._given is not None and channel is not None and not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    def check_job(self, name: str, options: JobOptions) -> None:
+        """Refuse a job whose late claims could outlive its run queues."""
+        validate_job_name(name)
+        if 2 * (options.max_late_ms + options.jitter_ms) > self.run_expires_ms:
+            raise ConfigError(
+                f"job {name!r}: max_late_ms + jitter_ms ({options.max_late_ms} + "
+                f"{options.jitter_ms}) must be at most half of the backend's run_expires_ms "
+                f"({self.run_expires_ms}); raise run_expires_ms or lower max_late_ms"
+            )
+
+    async def clock_ms(self) -> int:
+        """Return the local clock: RabbitMQ gives clients no time of its own."""
+        return _now_ms()
+
+    # ------------------------------------------------------------------ claims
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        """``won`` for the first claimant of the run, ``taken`` for every other.
+
+        A won claim older than ``max_late_ms`` (by this machine's clock) is recorded
+        ``skipped`` and answers ``late``. A claim so late that its run's queue may have
+        expired answers ``late`` without touching the store.
+        """
+        now = _now_ms()
+        late = request.max_late_ms is not None and now > request.slot + request.max_late_ms
+        if late and now - request.slot > self.run_expires_ms // 2:
+            return ClaimResult(ClaimOutcome.LATE, 1)
+        name = self.run_queue(request.job, request.slot, request.manual)
+        record = claim_record(request, now)
+        await self._declare(name, self._run_args)
+        try:
+            await self._publish(name, encode_json(record), message_id=request.token)
+        except PublishError as exc:  # returned unroutable: the queue vanished meanwhile
+            raise StoreError(f"claim queue {name} disappeared before the publish: {exc}") \
+                from None
+        except DeliveryError:
+            return ClaimResult(ClaimOutcome.TAKEN, 1)
+        stream_args = self._stream_arguments(request)
+        self._stream_args.setdefault(request.job, stream_args)
+        try:
+            await self._append(request.job, record)
+        except Exception as exc:  # the run is ours; only history suffers
+            log.warning("%s slot %s: won, but the claim record was not written to history "
+                        "(%s: %s)", request.job, request.slot, type(exc).__name__, exc)
+        if late:
+            ref = RunRef(request.job, request.slot, request.token, 1, request.manual)
+            skipped = result_record(ref, status="skipped", error=late_error(request, now),
+                                    runner=request.runner, started_ms=now, at_ms=now)
+            await self._append(request.job, skipped)
+            return ClaimResult(ClaimOutcome.LATE, 1)
+        self._won[request.token] = _Won(request.runner, now, stream_args)
+        return ClaimResult(ClaimOutcome.WON, 1, request.token)
+
+    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+        """Append the run's result record; False if this backend did not win ``ref``.
+
+        Only the backend object that won a run can finish it (it remembers the runner
+        and start time), and only once.
+        """
+        won = self._won.pop(ref.token, None)
+        if won is None:
+            return False
+        record = result_record(ref, status=status, error=error, runner=won.runner,
+                               started_ms=won.at_ms, at_ms=_now_ms())
+        try:
+            await self._append(ref.job, record, won.stream_args)
+        except BaseException:
+            self._won[ref.token] = won
+            raise
+        return True
+
+    # ------------------------------------------------------------------ history
+
+    def _stream_arguments(self, request: ClaimRequest) -> dict[str, Any]:
+        max_bytes = max(_MIN_HISTORY_BYTES, request.history_size * _BYTES_PER_RUN)
+        arguments: dict[str, Any] = {
+            "x-queue-type": "stream", "x-max-length-bytes": max_bytes,
+            "x-stream-max-segment-size-bytes": max(max_bytes // 8, 8_000),
+        }
+        if request.history_ttl_ms is not None:
+            arguments["x-max-age"] = f"{max(1, request.history_ttl_ms // 1000)}s"
+        return arguments
+
+    async def _append(self, job: str, record: dict[str, str],
+                      arguments: dict[str, Any] | None = None) -> None:
+        name = self.history_stream(job)
+        if name not in self._streams:
+            args = arguments or self._stream_args.get(job) or self._stream_arguments(
+                ClaimRequest(job=job, slot=0, token="", runner=""))
+            await self._declare(name, args)
+            self._streams.add(name)
+        await self._publish(name, encode_json(record))
+
+    async def history(self, job: str, limit: int = 20) -> list[Run]:
+        """Return runs of ``job``, newest first: one entry per run (one attempt each).
+
+        A run whose runner died reads ``running`` for as long as the stream keeps it.
+        """
+        name = self.history_stream(job)
+        conn = await self._connection()
+        channel = await conn.channel(publisher_confirms=True)
+        try:
+            try:
+                queue = await channel.declare_queue(name, passive=True,
+                                                    timeout=self.timeout_s)
+            except ChannelNotFoundEntity:
+                return []
+            marker = uuid.uuid4().hex
+            await channel.default_exchange.publish(
+                aio_pika.Message(encode_json({"v": "1", "kind": "mark", "id": marker})),
+                routing_key=name, timeout=self.timeout_s)
+            items = await self._read_until(channel, queue, marker)
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+        return runs_from_records(parse_many(items), limit)
+
+    async def _read_until(self, channel: AbstractChannel, queue: aio_pika.abc.AbstractQueue,
+                          marker: str) -> list[dict[str, str]]:
+        items: list[dict[str, str]] = []
+        done = asyncio.Event()
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            await message.ack()
+            try:
+                fields = decode_json(message.body)
+            except StoreError as exc:
+                log.warning("skipping a message in %s: %s", queue.name, exc)
+                return
+            if fields.get("kind") == "mark":
+                if fields.get("id") == marker:
+                    done.set()
+                return
+            items.append(fields)
+
+        await channel.set_qos(prefetch_count=500)
+        tag = await queue.consume(on_message, arguments={"x-stream-offset": "first"})
+        try:
+            await asyncio.wait_for(done.wait(), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise StoreError(f"reading {queue.name} took longer than {self.timeout_s}s") \
+                from None
+        finally:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+        return items

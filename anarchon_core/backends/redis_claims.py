@@ -1,0 +1,124 @@
+"""The claim-only strategies' store operations: ``stream-id``, ``idmp`` and ``script``.
+
+Keys (no hash tag: every script touches one key): ``<prefix><job>:runs`` (stream, one
+entry per claimed run, fields ``slot token runner [at]``), ``<prefix><job>:manual``
+(stream, one entry per ``run_now``), ``<prefix><job>:results`` (sorted set scored
+``slot * 2 + manual``, one JSON result per run).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import StoreError
+from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..schedules import ms_to_datetime
+from .redis_clients import Commands, LuaScript
+from .redis_keys import redis_key
+from .redis_lease import run_score
+from .redis_strategies import Idmp, Script, Strategy, StreamId
+
+__all__ = ["IdmpState", "claim_only", "claim_only_finish", "claim_only_history"]
+
+
+class IdmpState:
+    """Which job streams this backend has configured for IDMP (once per job and process)."""
+
+    def __init__(self) -> None:
+        self.configured: set[str] = set()
+
+
+def _won(req: ClaimRequest, won: bool) -> ClaimResult:
+    if won:
+        return ClaimResult(ClaimOutcome.WON, 1, req.token)
+    return ClaimResult(ClaimOutcome.TAKEN, 1)
+
+
+async def claim_only(conn: Commands, prefix: str, strategy: Strategy, req: ClaimRequest,
+                     idmp: IdmpState) -> ClaimResult:
+    """Claim ``req`` with ``strategy``: won for the first claim of a run, taken after."""
+    if req.manual:
+        key = redis_key(prefix, "manual", req.job)
+        reply = await LuaScript.load("manual_claim").run(
+            conn, [key], [req.slot, req.token, req.runner, req.history_size])
+        return _won(req, int(reply) == 1)
+    key = redis_key(prefix, "runs", req.job)
+    if isinstance(strategy, StreamId):
+        reply = await LuaScript.load("stream_id_claim").run(
+            conn, [key], [req.slot, req.token, req.runner, req.history_size])
+        return _won(req, int(reply) == 1)
+    if isinstance(strategy, Script):
+        reply = await LuaScript.load("script_claim").run(
+            conn, [key], [req.slot, req.token, req.runner, strategy.window_ms,
+                          req.history_size])
+        return _won(req, int(reply) == 1)
+    if isinstance(strategy, Idmp):
+        return _won(req, await _idmp_claim(conn, key, strategy, req, idmp))
+    raise StoreError(f"strategy {strategy.name!r} does not claim without leases")
+
+
+async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimRequest,
+                      idmp: IdmpState) -> bool:
+    if key not in idmp.configured:
+        await LuaScript.load("idmp_config").run(
+            conn, [key], [strategy.duration_sec, strategy.max_size])
+        idmp.configured.add(key)
+    # Redis 8.6: the first XADD for (producer, idempotent id) stores its entry; repeats
+    # answer that entry's id without adding. Producer = the job, idempotent id = the slot.
+    entry_id = await conn.call("XADD", key, "IDMP", req.job, str(req.slot), "*",
+                               "slot", str(req.slot), "token", req.token,
+                               "runner", req.runner)
+    if not isinstance(entry_id, str):
+        raise StoreError(f"unexpected answer to XADD ... IDMP: {entry_id!r}")
+    token = await LuaScript.load("idmp_read").run(conn, [key], [entry_id, req.history_size])
+    return bool(token == req.token)
+
+
+async def claim_only_finish(conn: Commands, prefix: str, ref: RunRef, *, status: str,
+                            error: str | None, history_size: int) -> bool:
+    """Record the run's one result; False if it already has one."""
+    reply = await LuaScript.load("claim_result").run(
+        conn, [redis_key(prefix, "results", ref.job)],
+        [run_score(ref.slot, ref.manual), ref.token, status, error or "", history_size])
+    return int(reply) == 1
+
+
+def _entries(job: str, reply: Any, manual: bool) -> list[dict[str, Any]]:
+    out = []
+    for entry_id, flat in reply:
+        fields = dict(zip(flat[::2], flat[1::2], strict=False))
+        at = fields.get("at") or str(entry_id).split("-", 1)[0]
+        out.append({"slot": int(fields["slot"]), "manual": manual, "token": fields.get("token"),
+                    "runner": fields.get("runner", ""), "at": int(at)})
+    return out
+
+
+async def claim_only_history(conn: Commands, prefix: str, job: str, limit: int) -> list[Run]:
+    """Claimed runs of ``job`` (scheduled and manual), newest slot first, with results."""
+    read = LuaScript.load("read_stream")
+    try:
+        claims = _entries(job, await read.run(conn, [redis_key(prefix, "runs", job)],
+                                              [limit]), False)
+        claims += _entries(job, await read.run(conn, [redis_key(prefix, "manual", job)],
+                                               [limit]), True)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise StoreError(f"unreadable claims of job {job!r}: {exc!r}") from None
+    claims.sort(key=lambda c: (c["slot"], c["manual"]), reverse=True)
+    claims = claims[:limit]
+    if not claims:
+        return []
+    results = await LuaScript.load("read_results").run(
+        conn, [redis_key(prefix, "results", job)],
+        [run_score(c["slot"], c["manual"]) for c in claims])
+    runs = []
+    for claim, text in zip(claims, results, strict=True):
+        result = json.loads(text) if text else {}
+        finished = result.get("f")
+        runs.append(Run(
+            job=job, slot=claim["slot"], attempt=1, status=result.get("s", "running"),
+            runner=str(claim["runner"]), started_at=ms_to_datetime(claim["at"]),
+            finished_at=ms_to_datetime(int(finished)) if finished else None,
+            error=result.get("e"), manual=claim["manual"],
+        ))
+    return runs

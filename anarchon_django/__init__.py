@@ -1,0 +1,1 @@
+"""Django integration for anarchon (empty until its own issue lands)."""

@@ -1,0 +1,374 @@
+"""PostgresBackend on the shared PostgreSQL: what the lease contract suite does not cover.
+
+Namespaces (schema-qualified tables, several tables in one database), name validation,
+who owns which connection, reconnection, the claim lock, creation races and index use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from anarchon_core import backend_from_url
+from anarchon_core.backend import new_token
+from anarchon_core.backends.postgres import PostgresBackend
+from anarchon_core.errors import ConfigError, StoreError
+from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+
+from .stores.postgres import POSTGRES_URL, connect
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def req(job: str, slot: int, runner: str = "a", **kw: Any) -> ClaimRequest:
+    return ClaimRequest(job=job, slot=slot, token=new_token(), runner=runner,
+                        lease_ms=kw.pop("lease_ms", 60_000), **kw)
+
+
+def ref(request: ClaimRequest, attempt: int = 1) -> RunRef:
+    return RunRef(request.job, request.slot, request.token, attempt, request.manual)
+
+
+@pytest.fixture
+def admin() -> Iterator[Any]:
+    conn = connect()
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def cleanup(admin: Any, namespace: str) -> Iterator[None]:
+    """Drops what a test made: tables named after its namespace, and its schema."""
+    yield
+    found = admin.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                          "AND tablename LIKE %s", (namespace + "%",)).fetchall()
+    for (table,) in found:
+        admin.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+    admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+        sql.Identifier(f"{namespace}_s")))
+
+
+def sessions(admin: Any, application_name: str) -> int:
+    return int(admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                             (application_name,)).fetchone()[0])
+
+
+# -- namespaces ---------------------------------------------------------------------------
+
+
+async def test_schema_qualified_table_is_created_with_its_schema(
+    admin: Any, cleanup: None, namespace: str
+) -> None:
+    table = f"{namespace}_s.cron_runs"
+    backend = PostgresBackend(POSTGRES_URL, table=table)
+    await backend.start()
+    try:
+        slot = await backend.clock_ms()
+        r = req("sync", slot)
+        assert (await backend.claim(r)).won
+        assert await backend.finish(ref(r), "success")
+        assert [(x.slot, x.status) for x in await backend.history("sync")] == [
+            (slot, "success")]
+    finally:
+        await backend.stop()
+    found = admin.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1",
+        (f"{namespace}_s",)).fetchall()
+    assert [t for (t,) in found] == ["cron_runs", "cron_runs_meta"]
+    rows = admin.execute(sql.SQL("SELECT job, slot, status FROM {}").format(
+        sql.Identifier(f"{namespace}_s", "cron_runs"))).fetchall()
+    assert rows == [("sync", slot, "success")]
+
+
+async def test_same_table_name_in_two_schemas_and_two_tables_never_mix(
+    cleanup: None, namespace: str
+) -> None:
+    names = [namespace, f"{namespace}_s.{namespace}", f"{namespace}b"]
+    backends = [PostgresBackend(POSTGRES_URL, table=n) for n in names]
+    try:
+        for b in backends:
+            await b.start()
+        slot = await backends[0].clock_ms()
+        for i, b in enumerate(backends):
+            assert (await b.claim(req("job", slot, f"r{i}"))).won, names[i]
+        for i, b in enumerate(backends):
+            assert [r.runner for r in await b.history("job")] == [f"r{i}"]
+    finally:
+        for b in backends:
+            await b.stop()
+
+
+@pytest.mark.parametrize("bad", ["x; drop table y", "a.b.c", "", "1abc", 'a"b', "a b",
+                                 "x" * 64, ".runs", "schema."])
+def test_bad_table_names_are_refused_with_the_value_in_the_message(bad: str) -> None:
+    with pytest.raises(ConfigError, match="invalid table") as info:
+        PostgresBackend(POSTGRES_URL, table=bad)
+    assert repr(bad) in str(info.value)
+
+
+def test_bad_table_in_a_url_is_refused() -> None:
+    with pytest.raises(ConfigError, match="invalid table"):
+        backend_from_url(f"{POSTGRES_URL}?table=x%3B%20drop%20table%20y")
+
+
+@pytest.mark.parametrize("bad", [None, 42, object(), "  "])
+def test_bad_connection_is_refused(bad: object) -> None:
+    with pytest.raises(ConfigError, match="connection"):
+        PostgresBackend(bad)  # type: ignore[arg-type]
+
+
+def test_url_keeps_libpq_parameters_and_hides_the_password() -> None:
+    backend = backend_from_url(
+        "postgresql://app:s3cret@127.0.0.1:5432/test?application_name=my%20app"
+        "&table=shipping.cron_runs&sslmode=disable")
+    assert isinstance(backend, PostgresBackend)
+    assert backend.table == "shipping.cron_runs"
+    text = repr(backend)
+    assert "s3cret" not in text
+    assert "@127.0.0.1:5432/test?application_name=my%20app&sslmode=disable'" in text
+    with pytest.raises(ConfigError, match="prefix"):
+        backend_from_url(f"{POSTGRES_URL}?prefix=cron:")
+    conninfo = PostgresBackend("host=127.0.0.1 password='a b' dbname=test")
+    assert "a b" not in repr(conninfo)
+
+
+async def test_long_table_names_get_distinct_meta_tables(
+    admin: Any, cleanup: None, namespace: str
+) -> None:
+    long_a = (namespace + "a" * 63)[:63]
+    long_b = long_a[:-1] + "b"
+    for i, name in enumerate((long_a, long_b)):
+        backend = PostgresBackend(POSTGRES_URL, table=name)
+        await backend.start()
+        try:
+            slot = await backend.clock_ms()
+            assert (await backend.claim(req("job", slot, f"r{i}"))).won
+        finally:
+            await backend.stop()
+    made = admin.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s",
+                         (namespace + "%",)).fetchall()
+    metas = [t for (t,) in made if t.endswith("_meta")]
+    assert len(metas) == 2, made
+    assert all(len(t) <= 63 for t in metas)
+
+
+# -- connections: who owns what -----------------------------------------------------------
+
+
+async def test_connection_opened_from_a_url_is_closed_on_stop(
+    admin: Any, cleanup: None, namespace: str
+) -> None:
+    app = f"anarchon-{namespace}"
+    backend = PostgresBackend(f"{POSTGRES_URL}?application_name={app}", table=namespace)
+    await backend.start()
+    assert sessions(admin, app) == 1
+    await backend.stop()
+    assert sessions(admin, app) == 0
+
+
+async def test_users_async_connection_and_pool_stay_open(
+    cleanup: None, namespace: str
+) -> None:
+    conn = await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True)
+    pool = AsyncConnectionPool(POSTGRES_URL, min_size=1, max_size=2, open=False)
+    await pool.open(wait=True, timeout=10)
+    try:
+        for i, client in enumerate((conn, pool)):
+            backend = PostgresBackend(client, table=namespace)
+            await backend.start()
+            slot = await backend.clock_ms() + i
+            r = req("job", slot, overlap=True)
+            assert (await backend.claim(r)).won
+            assert await backend.finish(ref(r), "success")
+            await backend.stop()
+        assert not conn.closed
+        assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
+        assert not pool.closed
+        async with pool.connection() as pooled:
+            assert (await (await pooled.execute("SELECT 2")).fetchone()) == (2,)
+        reader = PostgresBackend(pool, table=namespace)
+        assert [r.status for r in await reader.history("job")] == ["success", "success"]
+    finally:
+        await conn.close()
+        await pool.close()
+
+
+async def test_users_sync_connection_and_pool_work_and_stay_open(
+    cleanup: None, namespace: str
+) -> None:
+    conn = psycopg.connect(POSTGRES_URL)  # not autocommit: anarchon must still commit
+    pool = ConnectionPool(POSTGRES_URL, min_size=1, max_size=2, open=False)
+    pool.open(wait=True, timeout=10)
+    try:
+        for i, client in enumerate((conn, pool)):
+            backend = PostgresBackend(client, table=namespace)
+            await backend.start()
+            slot = await backend.clock_ms() + i
+            r = req("job", slot, overlap=True)
+            assert (await backend.claim(r)).won
+            assert await backend.heartbeat(ref(r), 30_000)
+            assert await backend.finish(ref(r), "success")
+            await backend.stop()
+        assert not conn.closed
+        assert not pool.closed
+        # Another session sees both runs: they were committed, not left in a transaction.
+        other = PostgresBackend(POSTGRES_URL, table=namespace)
+        try:
+            assert [r.status for r in await other.history("job")] == ["success", "success"]
+        finally:
+            await other.stop()
+    finally:
+        conn.close()
+        pool.close()
+
+
+async def test_connection_inside_a_users_transaction_is_refused(
+    cleanup: None, namespace: str
+) -> None:
+    conn = await psycopg.AsyncConnection.connect(POSTGRES_URL)
+    try:
+        backend = PostgresBackend(conn, table=namespace)
+        await backend.start()
+        await conn.execute("SELECT 1")  # opens an implicit transaction (not autocommit)
+        with pytest.raises(StoreError, match="inside a transaction"):
+            await backend.claim(req("job", 1_000))
+        await conn.rollback()
+        assert (await backend.claim(req("job", await backend.clock_ms()))).won
+    finally:
+        await conn.close()
+
+
+# -- failures -----------------------------------------------------------------------------
+
+
+async def test_dropped_connection_is_reopened_and_the_run_goes_on(
+    admin: Any, cleanup: None, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = f"anarchon-{namespace}"
+    backend = PostgresBackend(f"{POSTGRES_URL}?application_name={app}", table=namespace)
+    await backend.start()
+    try:
+        slot = await backend.clock_ms()
+        r = req("job", slot)
+        assert (await backend.claim(r)).won
+        killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE application_name = %s", (app,)).fetchall()
+        assert killed == [(True,)]
+        with caplog.at_level(logging.WARNING, logger="anarchon.postgres"):
+            assert await backend.heartbeat(ref(r), 60_000)
+        assert "retry" in caplog.text
+        assert (await backend.claim(req("job", slot, "b"))).outcome is ClaimOutcome.RUNNING
+        assert await backend.finish(ref(r), "success")
+        assert sessions(admin, app) == 1
+    finally:
+        await backend.stop()
+    assert sessions(admin, app) == 0
+
+
+async def test_claim_waiting_on_a_frozen_lock_holder_fails_without_writing(
+    admin: Any, cleanup: None, namespace: str
+) -> None:
+    """A claim that cannot commit never reports won and leaves nothing behind."""
+    backend = PostgresBackend(POSTGRES_URL, table=namespace, timeout_ms=300, retries=1)
+    await backend.start()
+    holder = connect()
+    try:
+        slot = await backend.clock_ms()
+        holder.execute("BEGIN")
+        holder.execute(backend._sql["lock_job"], {"lock_key": "job"})  # as a frozen claim
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            await backend.claim(req("job", slot))
+        assert time.monotonic() - started < 5
+        assert (await backend.claim(req("other-job", slot))).won, "other jobs must not wait"
+        holder.execute("ROLLBACK")
+        assert await backend.history("job") == []
+        assert (await backend.claim(req("job", slot))).won
+    finally:
+        holder.close()
+        await backend.stop()
+
+
+async def test_heartbeat_and_finish_wait_for_a_claim_in_progress(
+    admin: Any, cleanup: None, namespace: str
+) -> None:
+    """Finish and claim of one job are serialised: a finish racing a takeover cannot leave
+    two successes (the finish waits for the claim's lock, then finds itself fenced)."""
+    backend = PostgresBackend(POSTGRES_URL, table=namespace)
+    await backend.start()
+    holder = connect()
+    try:
+        slot = await backend.clock_ms()
+        r = req("job", slot)
+        assert (await backend.claim(r)).won
+        holder.execute("BEGIN")
+        holder.execute(backend._sql["lock_job"], {"lock_key": "job"})
+        finish = asyncio.ensure_future(backend.finish(ref(r), "success"))
+        await asyncio.sleep(0.3)
+        assert not finish.done(), "finish did not wait for the job's lock"
+        holder.execute("ROLLBACK")
+        assert await asyncio.wait_for(finish, 5)
+    finally:
+        holder.close()
+        await backend.stop()
+
+
+# -- creation and indexes -----------------------------------------------------------------
+
+
+async def test_many_instances_starting_at_once_create_the_table_once(
+    cleanup: None, namespace: str
+) -> None:
+    table = f"{namespace}_s.runs"
+    backends = [PostgresBackend(POSTGRES_URL, table=table) for _ in range(8)]
+    try:
+        await asyncio.gather(*(b.start() for b in backends))
+        slot = await backends[0].clock_ms()
+        results = await asyncio.gather(*(b.claim(req("job", slot, f"r{i}"))
+                                         for i, b in enumerate(backends)))
+        assert [r.outcome for r in results].count(ClaimOutcome.WON) == 1
+    finally:
+        for b in backends:
+            await b.stop()
+
+
+def plan_nodes(plan: Any) -> Iterator[str]:
+    yield plan["Node Type"]
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+async def test_claim_queries_use_indexes_on_a_long_history(
+    admin: Any, cleanup: None, namespace: str
+) -> None:
+    backend = PostgresBackend(POSTGRES_URL, table=namespace)
+    await backend.start()
+    await backend.stop()
+    runs = sql.Identifier(namespace)
+    admin.execute(sql.SQL(
+        "INSERT INTO {} SELECT 'job' || (i % 20), i * 1000, 0, 1, 't', 'success', 'r', NULL, "
+        "i * 1000, i * 1000 + 5, NULL FROM generate_series(1, 100000) i").format(runs))
+    admin.execute(sql.SQL("ANALYZE {}").format(runs))
+    q = backend._sql
+    key = {"job": "job3", "slot": 5_000_000, "manual": 0, "now": 5_000_000}
+    for name, params in (("current", key), ("other_live", key),
+                         ("history", {"job": "job3", "limit": 20}),
+                         ("trim_cutoff", {"job": "job3", "keep_runs": 1000})):
+        # Bound the values into the text: EXPLAIN cannot take server-side parameters.
+        text = sql.SQL(q[name].replace("%(", "{").replace(")s", "}")).format(
+            **{k: sql.Literal(v) for k, v in params.items()})
+        (plan,) = admin.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + text).fetchone()
+        plan = plan if isinstance(plan, list) else json.loads(plan)
+        nodes = list(plan_nodes(plan[0]["Plan"]))
+        assert "Seq Scan" not in nodes, f"{name} scans the whole table: {nodes}"
