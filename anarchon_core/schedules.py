@@ -16,6 +16,7 @@ daylight-saving changes (the same as Vixie cron and cronie):
 from __future__ import annotations
 
 import abc
+import itertools
 import math
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -74,7 +75,7 @@ class Schedule(abc.ABC):
         Used for defaults that scale with the schedule (jitter, lateness).
         """
         slots = self.upcoming(around_ms, 6)
-        return min(b - a for a, b in zip(slots, slots[1:], strict=False))
+        return min(b - a for a, b in itertools.pairwise(slots))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
@@ -135,6 +136,12 @@ class CronSchedule(Schedule):
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ConfigError(f"invalid time zone {tz!r}: {exc}") from None
         self.tz = tz
+        try:
+            self.next_after(0)
+        except CroniterError:  # e.g. "0 8 31 2 *": croniter finds no date
+            raise ConfigError(
+                f"invalid cron expression {expression!r}: it never fires"
+            ) from None
 
     def describe(self) -> str:
         """Return e.g. ``"cron 0 8 * * * Europe/Athens"``."""

@@ -12,6 +12,7 @@ from .stores import StoreHandle, StoreSpec, all_specs
 
 _SPECS = {spec.id: spec for spec in all_specs()}
 LEASE_IDS = [s.id for s in _SPECS.values() if s.leases]
+PERSISTENT_LEASE_IDS = [s.id for s in _SPECS.values() if s.leases and s.persistent]
 CLAIM_ONLY_IDS = [s.id for s in _SPECS.values() if not s.leases]
 
 
@@ -42,6 +43,14 @@ def namespace() -> str:
 @pytest.fixture(params=LEASE_IDS)
 def lease_store(request: pytest.FixtureRequest,
                 store_handles: Callable[[str], StoreHandle]) -> tuple[StoreSpec, StoreHandle]:
+    return _SPECS[request.param], store_handles(request.param)
+
+
+@pytest.fixture(params=PERSISTENT_LEASE_IDS)
+def persistent_lease_store(request: pytest.FixtureRequest,
+                           store_handles: Callable[[str], StoreHandle]
+                           ) -> tuple[StoreSpec, StoreHandle]:
+    """A lease store reachable by URL from other processes, with a format record."""
     return _SPECS[request.param], store_handles(request.param)
 
 

@@ -27,8 +27,8 @@ from .support.procs import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def url_of(lease_store: tuple[StoreSpec, StoreHandle], namespace: str) -> str:
-    handle = lease_store[1]
+def url_of(store: tuple[StoreSpec, StoreHandle], namespace: str) -> str:
+    handle = store[1]
     assert handle.url is not None
     return handle.url(namespace)
 
@@ -49,9 +49,9 @@ def started(cluster: Cluster, job: str, attempt: int = 1) -> LedgerEntry | None:
 
 
 def test_four_processes_run_every_slot_exactly_once(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(lease_store, namespace)
+    url = url_of(persistent_lease_store, namespace)
     jobs = [JobSpec("tick", every="1s", sleep_s=0.2),
             JobSpec("tock", every="1s", sleep_s=0.3, sync=True)]
     with start_instances(url, jobs, 4, tmp_path) as cluster:
@@ -72,9 +72,9 @@ def test_four_processes_run_every_slot_exactly_once(
 
 
 def test_takeover_after_sigkill(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(lease_store, namespace)
+    url = url_of(persistent_lease_store, namespace)
     jobs = [JobSpec("long", every="6s", sleep_s=3.0)]
     with start_instances(url, jobs, 3, tmp_path, lease_ms=1_500, heartbeat_ms=500) as cluster:
         cluster.wait_ready()
@@ -100,9 +100,9 @@ def test_takeover_after_sigkill(
 
 
 def test_paused_runner_is_fenced_after_takeover(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(lease_store, namespace)
+    url = url_of(persistent_lease_store, namespace)
     jobs = [JobSpec("long", every="8s", sleep_s=2.5)]
     with start_instances(url, jobs, 3, tmp_path, lease_ms=1_500, heartbeat_ms=500) as cluster:
         cluster.wait_ready()
@@ -127,9 +127,9 @@ def test_paused_runner_is_fenced_after_takeover(
 
 
 def test_stop_hands_over_before_the_lease_expires(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(lease_store, namespace)
+    url = url_of(persistent_lease_store, namespace)
     jobs = [JobSpec("long", every="10s", sleep_s=4.0)]
     with start_instances(url, jobs, 2, tmp_path, lease_ms=20_000, heartbeat_ms=500,
                          grace_ms=300) as cluster:
@@ -150,9 +150,9 @@ def test_stop_hands_over_before_the_lease_expires(
 
 
 def test_overlapping_slots_are_skipped(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(lease_store, namespace)
+    url = url_of(persistent_lease_store, namespace)
     jobs = [JobSpec("slow", every="1s", sleep_s=2.5, options={"jitter_ms": 100})]
     with start_instances(url, jobs, 2, tmp_path, lease_ms=1_500, heartbeat_ms=300) as cluster:
         cluster.wait_ready()
@@ -172,9 +172,9 @@ def test_overlapping_slots_are_skipped(
 
 
 def test_max_attempts_then_interrupted_for_good(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(lease_store, namespace)
+    url = url_of(persistent_lease_store, namespace)
     jobs = [JobSpec("fragile", every="8s", sleep_s=3.0, options={"max_attempts": 1})]
     with start_instances(url, jobs, 2, tmp_path, lease_ms=1_000, heartbeat_ms=300) as cluster:
         cluster.wait_ready()
@@ -190,9 +190,9 @@ def test_max_attempts_then_interrupted_for_good(
 
 
 def test_paused_instance_skips_a_slot_it_claims_too_late(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(lease_store, namespace)
+    url = url_of(persistent_lease_store, namespace)
     jobs = [JobSpec("prompt", every="2s", options={"max_late_ms": 300, "jitter_ms": 0})]
     with start_instances(url, jobs, 1, tmp_path) as cluster:
         cluster.wait_ready()

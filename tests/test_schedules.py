@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -89,7 +90,7 @@ class TestEvery:
         schedule = EverySchedule(interval)  # type: ignore[arg-type]
         slots = schedule.upcoming(ms("2026-07-01T10:11:12.345+00:00"), 5)
         assert all(s % grid_ms == 0 for s in slots)
-        assert [b - a for a, b in zip(slots, slots[1:], strict=False)] == [grid_ms] * 4
+        assert [b - a for a, b in itertools.pairwise(slots)] == [grid_ms] * 4
         assert schedule.describe() == text
         assert schedule.typical_gap_ms(slots[0]) == grid_ms
 
@@ -288,7 +289,7 @@ def transitions(tz: str) -> tuple[int, ...]:
     for start in range(LOW, HIGH, day):
         if offset(start) != offset(start + day):
             lo, hi = start, start + day  # offset(lo) != offset(hi)
-            while hi - lo > 1000:
+            while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if offset(mid) == offset(lo) else (lo, mid)
             out.append(hi)
@@ -335,7 +336,7 @@ def test_next_and_latest_bracket_t(spec: tuple[str, str, object], t: int) -> Non
 def test_upcoming_strictly_increases_and_is_deterministic(spec: tuple[str, str, object],
                                                           t: int) -> None:
     slots = make(spec).upcoming(t, 8)
-    assert all(a < b for a, b in zip(slots, slots[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(slots))
     assert slots[0] > t
     assert make(spec).upcoming(t, 8) == slots  # a fresh instance computes the same
 
@@ -383,8 +384,7 @@ def test_every_firing_in_a_change_night_gives_one_slot(tz: str, index: int) -> N
             if first.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == wall:
                 instant = round(first.timestamp() * 1000)
             else:  # in the gap: the first valid instant is the change
-                instant = max(c for c in transitions(tz) if c <= round(
-                    wall.replace(tzinfo=zone, fold=0).timestamp() * 1000))
+                instant = change
             if start < instant < end:
                 expected.add(instant)
         wall += timedelta(minutes=1)

@@ -181,6 +181,7 @@ class NatsBackend(ClaimOnlyBackend):
                 raise ConfigError(f"invalid NATS servers {shown!r}: expected nats://host:4222")
             self._servers, self._given = urls, None
         self._nc: Client | None = None
+        self._closing = False
         self._ready = False
         self._lock = asyncio.Lock()
         self._won: dict[str, _Won] = {}
@@ -218,6 +219,7 @@ class NatsBackend(ClaimOnlyBackend):
         if self._given is not None:
             return self._given
         if self._nc is None or self._nc.is_closed:
+            self._ready = False
             self._nc = await self._connect()
         return self._nc
 
@@ -226,10 +228,11 @@ class NatsBackend(ClaimOnlyBackend):
             log.warning("NATS connection error: %s: %s", type(exc).__name__, exc)
 
         async def on_disconnect() -> None:
-            log.warning("disconnected from NATS; reconnecting")
+            if not self._closing:
+                log.warning("disconnected from NATS; reconnecting")
 
         async def on_reconnect() -> None:
-            log.info("reconnected to NATS")
+            log.warning("reconnected to NATS")
 
         options: dict[str, Any] = {
             "name": "anarchon", "connect_timeout": max(1, round(self.timeout_s)),
@@ -317,7 +320,11 @@ class NatsBackend(ClaimOnlyBackend):
         nc, self._nc = self._nc, None
         self._ready = False
         if nc is not None and not nc.is_closed:
-            await nc.close()
+            self._closing = True
+            try:
+                await nc.close()
+            finally:
+                self._closing = False
 
     def check_job(self, name: str, options: JobOptions) -> None:
         """Refuse a job whose late claims could outlive the stream's memory of a run."""

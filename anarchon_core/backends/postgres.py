@@ -168,8 +168,8 @@ class PostgresBackend(Backend):
                     raise exc.error from None
                 logger.warning(
                     "PostgreSQL %s failed (%s: %s); retry %d/%d in %.2fs",
-                    what, type(exc.error).__name__, str(exc.error).strip(), attempt + 1,
-                    self.retries, delay,
+                    what, type(exc.error).__name__, " ".join(str(exc.error).split()),
+                    attempt + 1, self.retries, delay,
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)

@@ -4,7 +4,7 @@ Built on aio-pika (asyncio, like the core: no thread per connection, and claims 
 jobs share one connection and channel with publisher confirms in flight together).
 
 How a claim works: each run has its own queue ``<prefix><job>.<slot>`` (manual runs:
-``<prefix><job>.<slot>.manual``), declared by every claimant as a durable **classic**
+``<prefix><job>.<slot>.manual``; ``<job>`` escaped by :func:`queue_token`), declared by every claimant as a durable **classic**
 queue with ``x-max-length: 1`` and ``x-overflow: reject-publish``, and never consumed.
 Every claimant publishes one persistent message to it with publisher confirms: the
 broker accepts the first (``basic.ack``: the claimant won) and refuses every later one
@@ -75,7 +75,7 @@ from ..url import mask_url, split_namespace_params
 if TYPE_CHECKING:
     from ..options import JobOptions
 
-__all__ = ["RabbitMQBackend"]
+__all__ = ["RabbitMQBackend", "queue_token"]
 
 log = logging.getLogger("anarchon.rabbitmq")
 
@@ -85,6 +85,26 @@ MAX_QUEUE_NAME = 255
 _BYTES_PER_RUN = 800
 _MIN_HISTORY_BYTES = 64_000
 _CURRENT_FORMAT = re.compile(r"current is (?:the value )?'?(\w+)'?")
+
+
+_PLAIN = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:@#,/ "
+)
+
+
+def queue_token(job: str) -> str:
+    """Escape a job name into the characters AMQP clients accept in queue names.
+
+    Letters, digits and ``-_.:@#,/`` and space stay; every other byte of the UTF-8 name
+    becomes ``+XX`` (two upper-case hex digits): ``"bericht-ü"`` → ``"bericht-+C3+BC"``.
+    """
+    out = []
+    for char in job:
+        if char in _PLAIN:
+            out.append(char)
+        else:
+            out.extend(f"+{byte:02X}" for byte in char.encode())
+    return "".join(out)
 
 
 @dataclass
@@ -164,7 +184,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
     # ------------------------------------------------------------------ names
 
     def _name(self, job: str, suffix: str) -> str:
-        name = f"{self.prefix}{job}.{suffix}"
+        name = f"{self.prefix}{queue_token(job)}.{suffix}"
         if len(name.encode()) > MAX_QUEUE_NAME:
             digest = hashlib.sha256(job.encode()).hexdigest()[:40]
             name = f"{self.prefix}~{digest}.{suffix}"

@@ -29,6 +29,10 @@ class JobSpec:
     sync: bool = False
     fail: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    #: Fraction of slots whose handler sleeps ``slow_sleep_s`` instead (e.g. past timeout_ms).
+    slow_ratio: float = 0.0
+    slow_sleep_s: float = 0.0
+    slow_seed: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """The spec as ``anarchon_core.cli.instance --jobs`` reads it."""
@@ -48,6 +52,8 @@ class LedgerEntry:
     instance: str
     pid: int
     time_ms: int
+    #: ``time.monotonic_ns()`` of the writing process (machine-wide; not skewed by faketime).
+    mono_ns: int | None = None
 
 
 class Instance:
@@ -107,7 +113,7 @@ class Cluster:
     def __init__(self, url: str, jobs: list[JobSpec], workdir: Path, *,
                  lease_ms: int | None = None, heartbeat_ms: int | None = None,
                  env: dict[str, str] | None = None, grace_ms: int = 2_000,
-                 log_level: str = "INFO") -> None:
+                 log_level: str = "INFO", history_size: int | None = None) -> None:
         self.url = url
         self.jobs = jobs
         self.ledger_dir = workdir / "ledger"
@@ -117,6 +123,7 @@ class Cluster:
         self.env = env or {}
         self.grace_ms = grace_ms
         self.log_level = log_level
+        self.history_size = history_size
         self.instances: list[Instance] = []
 
     def command(self) -> list[str]:
@@ -129,6 +136,8 @@ class Cluster:
             cmd += ["--lease-ms", str(self.lease_ms)]
         if self.heartbeat_ms:
             cmd += ["--heartbeat-ms", str(self.heartbeat_ms)]
+        if self.history_size:
+            cmd += ["--history-size", str(self.history_size)]
         return cmd
 
     def add(self, env: dict[str, str] | None = None) -> Instance:

@@ -9,6 +9,16 @@ Every handler appends what it did to ``DIR/<pid>.jsonl`` (flushed and fsynced, s
 SIGKILL loses nothing written): a ``start`` line when it begins and an ``end`` line right
 after confirming its lease (``ctx.check_lease``), i.e. the side effect a real job would
 make once. The file ``DIR/<pid>.ready`` appears once the scheduler has started.
+
+Every ledger line also carries ``mono_ns`` (``time.monotonic_ns()``, the machine-wide
+monotonic clock, which a faked wall clock leaves alone) so lines of different processes can
+be ordered even when their wall clocks are skewed. ``DIR/<pid>.clock`` holds this process's
+``time.time()`` and ``time.monotonic_ns()`` read together at start (to verify a skew).
+
+A job spec may make some slots slow: ``"slow_ratio": 0.3, "slow_sleep_s": 5`` sleeps
+``slow_sleep_s`` instead of ``sleep_s`` in about 30 % of the slots (chosen by a hash of
+``slow_seed``, the job and the slot, so every attempt of a slot agrees), e.g. to hit
+``timeout_ms``.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import time
 from pathlib import Path
@@ -43,7 +54,8 @@ class Ledger:
         line = json.dumps({
             "event": event, "job": ctx.job, "slot": ctx.slot, "attempt": ctx.attempt,
             "token": ctx.token, "manual": ctx.manual, "instance": ctx.instance_id,
-            "pid": os.getpid(), "time_ms": round(time.time() * 1000), **extra,
+            "pid": os.getpid(), "time_ms": round(time.time() * 1000),
+            "mono_ns": time.monotonic_ns(), **extra,
         })
         os.write(self._fd, (line + "\n").encode())
         os.fsync(self._fd)
@@ -51,8 +63,18 @@ class Ledger:
 
 def make_handler(spec: dict[str, Any], ledger: Ledger | None) -> Any:
     """A handler that sleeps ``sleep_s`` (async or, with ``"sync": true``, in a thread)."""
-    sleep_s = float(spec.get("sleep_s", 0.05))
+    base_sleep_s = float(spec.get("sleep_s", 0.05))
     fail = bool(spec.get("fail", False))
+    slow_ratio = float(spec.get("slow_ratio", 0.0))
+    slow_sleep_s = float(spec.get("slow_sleep_s", 0.0))
+    slow_seed = spec.get("slow_seed", 0)
+
+    def sleep_for(ctx: JobContext) -> float:
+        if slow_ratio > 0:
+            draw = random.Random(f"{slow_seed}:{ctx.job}:{ctx.slot}").random()
+            if draw < slow_ratio:
+                return slow_sleep_s
+        return base_sleep_s
 
     def done(ctx: JobContext) -> None:
         if fail:
@@ -64,7 +86,7 @@ def make_handler(spec: dict[str, Any], ledger: Ledger | None) -> Any:
         def sync_handler(ctx: JobContext) -> None:
             if ledger:
                 ledger.write("start", ctx)
-            deadline = time.monotonic() + sleep_s
+            deadline = time.monotonic() + sleep_for(ctx)
             while time.monotonic() < deadline:
                 ctx.raise_if_cancelled()
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
@@ -75,7 +97,7 @@ def make_handler(spec: dict[str, Any], ledger: Ledger | None) -> Any:
     async def async_handler(ctx: JobContext) -> None:
         if ledger:
             ledger.write("start", ctx)
-        await asyncio.sleep(sleep_s)
+        await asyncio.sleep(sleep_for(ctx))
         await ctx.acheck_lease()
         done(ctx)
     return async_handler
@@ -90,6 +112,8 @@ def build(args: argparse.Namespace) -> Scheduler:
         kwargs["heartbeat_ms"] = args.heartbeat_ms
     if args.instance_id:
         kwargs["instance_id"] = args.instance_id
+    if args.history_size:
+        kwargs["history_size"] = args.history_size
     scheduler = Scheduler(args.backend, **kwargs)
     ledger = None
     if args.ledger:
@@ -113,7 +137,12 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await scheduler.start()
+    wall, mono = time.time(), time.monotonic_ns()
+    log.info("instance %s clock: time.time()=%.3f monotonic_ns=%d", scheduler.instance_id,
+             wall, mono)
     if args.ledger:
+        (Path(args.ledger) / f"{os.getpid()}.clock").write_text(
+            json.dumps({"wall_ms": wall * 1000, "mono_ns": mono}))
         (Path(args.ledger) / f"{os.getpid()}.ready").write_text(scheduler.instance_id)
     with contextlib.suppress(asyncio.TimeoutError, Cancelled):
         await asyncio.wait_for(stop.wait(), args.seconds)
@@ -131,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heartbeat-ms", type=int, default=None)
     parser.add_argument("--grace-ms", type=int, default=2_000)
     parser.add_argument("--instance-id", default=None)
+    parser.add_argument("--history-size", type=int, default=None)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level,

@@ -289,9 +289,9 @@ async def test_clock_is_close_to_local_time(lease_backend: Backend) -> None:
 
 
 async def test_newer_store_format_is_refused(
-    lease_store: tuple[StoreSpec, StoreHandle], namespace: str
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str
 ) -> None:
-    handle = lease_store[1]
+    handle = persistent_lease_store[1]
     assert handle.set_format is not None
     backend = handle.backend(namespace)
     await backend.start()

@@ -43,6 +43,8 @@ class StoreSpec:
     open: Callable[[], AbstractContextManager[StoreHandle]]
     #: False for stores whose clock is not shared across machines (SQLite is per host).
     multi_host: bool = True
+    #: False for a store that lives in one process (no URL, no format record).
+    persistent: bool = True
 
 
 def unavailable(what: str, why: str) -> None:

@@ -1,0 +1,143 @@
+"""PostgreSQL claim benchmark: latency (median, p99) and claims/s beside the floor.
+
+    python -m bench.claims_postgres [--url postgresql://postgres@127.0.0.1/test]
+                                    [--count 2000] [--concurrency 16] [--history 200000]
+
+The floor is a plain ``INSERT ... ON CONFLICT DO NOTHING`` (autocommit, one round trip)
+over the same connection the backend uses, measured in the same run. Rows:
+
+* ``claim won``: a fresh run, the full path (lock, clock, state, overlap check, insert);
+* ``claim won, N rows of history``: the same after ``--history`` finished runs were added
+  to the table (the indexes should keep it flat);
+* ``claim lost (backup check)``: claiming a run another instance holds (what backups do
+  every 1-2 heartbeats);
+* ``heartbeat``: extending a lease;
+* ``claim won, pool of 4``: throughput when the backend is given a 4-connection pool.
+
+Latency is measured one call at a time; ops/s with ``--concurrency`` calls in flight.
+Tables are created under a fresh name and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import uuid
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from anarchon_core.backend import new_token
+from anarchon_core.backends.postgres import PostgresBackend
+from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+
+from .common import Measurement, measure, print_table
+
+DEFAULT_URL = os.environ.get("ANARCHON_BENCH_POSTGRES_URL",
+                             "postgresql://postgres@127.0.0.1:5432/test")
+BASE_SLOT = 10**12
+
+
+def claim_request(job: str, slot: int, runner: str = "bench", *,
+                  overlap: bool = False) -> ClaimRequest:
+    return ClaimRequest(job=job, slot=slot, token=new_token(), runner=runner, lease_ms=600_000,
+                        overlap=overlap)
+
+
+async def run(url: str, count: int, concurrency: int, history: int) -> None:
+    table = f"bench_{uuid.uuid4().hex[:10]}"
+    floor_table = sql.Identifier(f"{table}_floor")
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    backend = PostgresBackend(conn, table=table)
+    try:
+        await backend.start()
+        await conn.execute(sql.SQL(
+            "CREATE TABLE {} (job TEXT, slot BIGINT, PRIMARY KEY (job, slot))").format(floor_table))
+        floor_sql = sql.SQL(
+            "INSERT INTO {} (job, slot) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+        ).format(floor_table)
+        kw = {"count": count, "concurrency": concurrency}
+
+        async def floor(i: int) -> None:
+            await conn.execute(floor_sql, ("bench", BASE_SLOT + i))
+
+        async def claim_won(i: int, tag: str = "a") -> None:
+            # A job per call: every claim takes the full path, overlap check included.
+            result = await backend.claim(claim_request(f"{tag}{i}", BASE_SLOT))
+            assert result.won, result
+
+        rows = [await measure("claim won", claim_won, **kw)]
+
+        # Backups: every slot is first won by "owner", then claimed by the measured caller.
+        held: dict[int, ClaimRequest] = {}
+        for i in range(-100, 2 * count):
+            held[i] = claim_request("held", BASE_SLOT + i * 1000, "owner", overlap=True)
+            assert (await backend.claim(held[i])).won
+
+        async def claim_lost(i: int) -> None:
+            result = await backend.claim(claim_request("held", held[i].slot, overlap=True))
+            assert result.outcome is ClaimOutcome.RUNNING, result
+
+        async def heartbeat(i: int) -> None:
+            r = held[i]
+            assert await backend.heartbeat(RunRef(r.job, r.slot, r.token, 1), 600_000)
+
+        rows.append(await measure("claim lost (backup check)", claim_lost, **kw))
+        rows.append(await measure("heartbeat", heartbeat, **kw))
+
+        if history:
+            await conn.execute(sql.SQL(
+                "INSERT INTO {} SELECT 'h' || (i %% 50), i, 0, 1, 't', 'success', 'r', NULL, "
+                "i, i + 5, NULL FROM generate_series(1, %s) i").format(sql.Identifier(table)),
+                (history,))
+            await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
+            rows.append(await measure(f"claim won, {history} rows of history",
+                                      lambda i: claim_won(i, "b"), **kw))
+
+        pool = AsyncConnectionPool(url, min_size=4, max_size=4, open=False,
+                                   kwargs={"autocommit": True})
+        await pool.open(wait=True, timeout=30)
+        try:
+            pooled = PostgresBackend(pool, table=table)
+
+            async def claim_pooled(i: int) -> None:
+                result = await pooled.claim(claim_request(f"c{i}", BASE_SLOT))
+                assert result.won, result
+
+            rows.append(await measure("claim won, pool of 4", claim_pooled, **kw))
+        finally:
+            await pool.close()
+
+        floor_row = await measure("floor: INSERT ON CONFLICT", floor, **kw)
+        print_table(
+            f"PostgreSQL claims ({url.split('@')[-1]}, {count} sequential calls for latency, "
+            f"{count} with {concurrency} in flight for ops/s)",
+            [*rows, floor_row], floor=floor_row,
+        )
+        print_claims_per_second(rows, floor_row)
+    finally:
+        await backend.stop()
+        for name in (table, f"{table}_meta", f"{table}_floor"):
+            await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        await conn.close()
+
+
+def print_claims_per_second(rows: list[Measurement], floor: Measurement) -> None:
+    print(f"\nthroughput ÷ floor: {rows[0].name}: {rows[0].per_second / floor.per_second:.2f}"
+          f" ({rows[0].per_second:.0f} vs {floor.per_second:.0f} ops/s on one connection)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--history", type=int, default=200_000)
+    args = parser.parse_args()
+    asyncio.run(run(args.url, args.count, args.concurrency, args.history))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The in-memory backend of anarchon_core.testing (in-process suites only: no URL)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from anarchon_core.testing import MemoryBackend
+
+from . import StoreHandle, StoreSpec
+
+
+@contextmanager
+def _open() -> Iterator[StoreHandle]:
+    shared: dict[str, MemoryBackend] = {}
+
+    def backend(ns: str) -> MemoryBackend:
+        # Several backend objects of one namespace must see the same runs, as on a store.
+        fresh = MemoryBackend()
+        first = shared.setdefault(ns, fresh)
+        if first is not fresh:
+            fresh._runs = first._runs
+            fresh._lock = first._lock
+        return fresh
+
+    yield StoreHandle(backend=backend)
+
+
+STORES = [StoreSpec("memory", leases=True, open=_open, multi_host=False,
+                     persistent=False)]

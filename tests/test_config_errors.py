@@ -1,0 +1,367 @@
+"""Every bad input of SPEC §2-§3 is a ConfigError naming the value, raised where it is given."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anarchon_core import (
+    AnarchonError,
+    Cancelled,
+    ClaimOnlyBackend,
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimResult,
+    ConfigError,
+    LeaseLost,
+    Run,
+    RunRef,
+    Scheduler,
+    StoreError,
+    StoreFormatError,
+    UnsupportedStrategyError,
+    backend_from_url,
+)
+from anarchon_core.backends.sqlite import SqliteBackend
+
+
+class ClaimOnly(ClaimOnlyBackend):
+    """An in-memory claim-only store: first claim wins (enough for option checks)."""
+
+    def __init__(self) -> None:
+        self.claimed: set[tuple[str, int]] = set()
+
+    async def clock_ms(self) -> int:
+        return 0
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        key = (request.job, request.slot)
+        if key in self.claimed:
+            return ClaimResult(ClaimOutcome.TAKEN)
+        self.claimed.add(key)
+        return ClaimResult(ClaimOutcome.WON, attempt=1, token=request.token)
+
+    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+        return True
+
+    async def history(self, job: str, limit: int = 20) -> list[Run]:
+        return []
+
+
+def handler(ctx: Any) -> None:
+    pass
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Scheduler:
+    return Scheduler(SqliteBackend(tmp_path / "cfg.db"), instance_id="test:1")
+
+
+def raises(fragment: str) -> Any:
+    return pytest.raises(ConfigError, match=re.escape(fragment))
+
+
+# ------------------------------------------------------------------ schedules at registration
+
+
+@pytest.mark.parametrize("interval", ["10", "10x", "-5s", "", None, True, 0, float("nan"),
+                                      "1.5ms"])
+def test_invalid_interval_names_the_value(scheduler: Scheduler, interval: Any) -> None:
+    with raises(f"invalid interval {interval!r}"):
+        scheduler.every("job", interval, handler)
+    with raises(f"invalid interval {interval!r}"):  # the decorator form fails at once too
+        scheduler.every("job", interval)
+    assert scheduler.jobs() == []
+
+
+def test_invalid_offset(scheduler: Scheduler) -> None:
+    with raises("invalid offset '2h'"):
+        scheduler.every("job", "1h", handler, offset="2h")
+    with raises("invalid offset 'soon'"):
+        scheduler.every("job", "1h", handler, offset="soon")
+
+
+@pytest.mark.parametrize(
+    ("expression", "reason"),
+    [("61 * * * *", "out of range"), ("* * *", "expected 5 fields"),
+     ("not a cron", "expected 5 fields"), ("* * * * * * *", "expected 5 fields"),
+     ("", "expected a string"), (None, "expected a string"), ("0 8 * * 8", "out of range"),
+     ("@every 5m", ""), ("0 8 31 2 *", "never fires")],
+)
+def test_invalid_cron_expression_names_the_value(scheduler: Scheduler, expression: Any,
+                                                 reason: str) -> None:
+    with raises(f"invalid cron expression {expression!r}") as info:
+        scheduler.cron("job", expression, handler)
+    assert reason in str(info.value)
+    assert scheduler.jobs() == []
+
+
+@pytest.mark.parametrize("tz", ["Mars/Base", "", None, "../etc/passwd", "Europe/Atlantis", 3])
+def test_invalid_zone_names_the_value(scheduler: Scheduler, tz: Any) -> None:
+    with raises(f"invalid time zone {tz!r}"):
+        scheduler.cron("job", "0 8 * * *", handler, tz=tz)
+    assert scheduler.jobs() == []
+
+
+def test_valid_schedules_register(scheduler: Scheduler) -> None:
+    scheduler.cron("a", "@hourly", handler)
+    scheduler.cron("b", "0 0 29 2 *", handler, tz="Australia/Lord_Howe")
+    scheduler.cron("c", "*/5 * * * * *", handler)
+    assert [j.schedule for j in scheduler.jobs()] == [
+        "cron @hourly UTC", "cron 0 0 29 2 * Australia/Lord_Howe", "cron */5 * * * * * UTC"]
+
+
+# ------------------------------------------------------------------ names, duplicates, options
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [("", "non-empty string"), ("   ", "non-empty string"), (None, "non-empty string"),
+     (42, "non-empty string"), ("x" * 201, "longer than 200"),
+     ("a\nb", "no control characters"), ("tab\there", "no control characters"),
+     (" padded", "surrounding spaces"), ("padded ", "surrounding spaces")],
+)
+def test_bad_job_names(scheduler: Scheduler, name: Any, reason: str) -> None:
+    with raises(f"invalid job name {name!r}") as info:
+        scheduler.every(name, "10s", handler)
+    assert reason in str(info.value)
+
+
+def test_good_job_names(scheduler: Scheduler) -> None:
+    for name in ("sync", "billing:invoices.daily", "x" * 200, "ünïcode job"):
+        scheduler.every(name, "10s", handler)
+    assert len(scheduler.jobs()) == 4
+
+
+def test_duplicate_name_then_remove_and_register_again(scheduler: Scheduler) -> None:
+    scheduler.every("sync", "10s", handler)
+    with raises("job 'sync' is already registered; remove('sync') first"):
+        scheduler.every("sync", "5s", handler)
+    with raises("job 'sync' is already registered"):
+        scheduler.cron("sync", "* * * * *")
+    assert [j.schedule for j in scheduler.jobs()] == ["every 10s"]
+    assert scheduler.remove("sync") is True
+    assert scheduler.remove("sync") is False
+    scheduler.every("sync", "5s", handler)
+    assert [j.schedule for j in scheduler.jobs()] == ["every 5s"]
+
+
+def test_duplicate_through_two_pending_decorators(scheduler: Scheduler) -> None:
+    first = scheduler.every("sync", "10s")
+    second = scheduler.every("sync", "10s")
+    first(handler)
+    with raises("job 'sync' is already registered"):
+        second(handler)
+
+
+def test_handler_must_be_callable(scheduler: Scheduler) -> None:
+    with raises("invalid handler 42 for job 'x': not callable"):
+        scheduler.every("x", "10s", 42)  # type: ignore[call-overload]
+    assert scheduler.jobs() == []
+
+
+def test_unknown_option(scheduler: Scheduler) -> None:
+    with raises("unknown job option(s) retries, timeout; valid: timeout_ms, jitter_ms"):
+        scheduler.every("x", "10s", handler, timeout=5, retries=3)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("jitter_ms", "1s", "invalid jitter_ms '1s': expected whole milliseconds (an int)"),
+     ("jitter_ms", 1.5, "invalid jitter_ms 1.5: expected whole milliseconds"),
+     ("jitter_ms", -1, "invalid jitter_ms -1: must be ≥ 0"),
+     ("jitter_ms", True, "invalid jitter_ms True"),
+     ("max_late_ms", "late", "invalid max_late_ms 'late'"),
+     ("max_late_ms", -5, "invalid max_late_ms -5: must be ≥ 0"),
+     ("timeout_ms", 0, "invalid timeout_ms 0: must be > 0"),
+     ("timeout_ms", "5s", "invalid timeout_ms '5s'"),
+     ("timeout_ms", 2.5, "invalid timeout_ms 2.5"),
+     ("overlap", "yes", "invalid overlap 'yes': expected True or False"),
+     ("max_attempts", 0, "invalid max_attempts 0: expected an int ≥ 1"),
+     ("max_attempts", True, "invalid max_attempts True"),
+     ("catch_up_ms", -1, "invalid catch_up_ms -1")],
+)
+def test_bad_option_values(scheduler: Scheduler, option: str, value: Any,
+                           message: str) -> None:
+    with raises(message):
+        scheduler.every("x", "10s", handler, **{option: value})
+    assert scheduler.jobs() == []
+
+
+def test_max_late_below_jitter(scheduler: Scheduler) -> None:
+    with raises("invalid max_late_ms 100: must be at least jitter_ms (500)"):
+        scheduler.every("x", "10s", handler, jitter_ms=500, max_late_ms=100)
+
+
+def test_timedelta_options_are_accepted(scheduler: Scheduler) -> None:
+    scheduler.every("x", "10s", handler, timeout_ms=timedelta(seconds=2),
+                    jitter_ms=timedelta(milliseconds=50))
+    (info,) = scheduler.jobs()
+    assert (info.options["timeout_ms"], info.options["jitter_ms"]) == (2000, 50)
+
+
+# ------------------------------------------------------------------ Scheduler(...) arguments
+
+
+def test_heartbeat_must_be_below_lease(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "x.db")
+    with raises("invalid heartbeat_ms 1000: must be smaller than lease_ms (1000)"):
+        Scheduler(backend, lease_ms=1000, heartbeat_ms=1000)
+    with raises("invalid heartbeat_ms 5000: must be smaller than lease_ms (1000)"):
+        Scheduler(backend, lease_ms=1000, heartbeat_ms=5000)
+    scheduler = Scheduler(backend, lease_ms=900)
+    assert (scheduler.lease_ms, scheduler.heartbeat_ms) == (900, 300)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"lease_ms": 0}, "invalid lease_ms 0"), ({"lease_ms": "30s"}, "invalid lease_ms '30s'"),
+     ({"heartbeat_ms": -1}, "invalid heartbeat_ms -1"),
+     ({"instance_id": ""}, "invalid instance_id ''"),
+     ({"instance_id": "  "}, "invalid instance_id '  '"),
+     ({"instance_id": 7}, "invalid instance_id 7"),
+     ({"history_size": 0}, "invalid history_size 0: expected an int ≥ 1"),
+     ({"history_size": True}, "invalid history_size True"),
+     ({"history_size": "many"}, "invalid history_size 'many'"),
+     ({"history_ttl_ms": 0}, "invalid history_ttl_ms 0")],
+)
+def test_bad_scheduler_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    with raises(message):
+        Scheduler(SqliteBackend(tmp_path / "x.db"), **kwargs)
+
+
+def test_bad_backend_argument() -> None:
+    with raises("invalid backend 42: expected a Backend, a URL string or None"):
+        Scheduler(42)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ claim-only backends
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "given"),
+    [({"lease_ms": 10_000}, "lease_ms"), ({"heartbeat_ms": 1_000}, "heartbeat_ms"),
+     ({"lease_ms": 10_000, "heartbeat_ms": 1_000}, "lease_ms, heartbeat_ms")],
+)
+def test_lease_settings_on_claim_only_backend(kwargs: dict[str, Any], given: str) -> None:
+    with raises(f"{given} need a lease backend") as info:
+        Scheduler(ClaimOnly(), **kwargs)
+    assert "ClaimOnly only claims" in str(info.value)
+
+
+@pytest.mark.parametrize(("option", "value"),
+                         [("overlap", True), ("overlap", False), ("max_attempts", 5),
+                          ("catch_up_ms", 60_000)])
+def test_lease_only_options_on_claim_only_backend(option: str, value: Any) -> None:
+    scheduler = Scheduler(ClaimOnly())
+    with raises(f"option(s) {option} need a lease backend"):
+        scheduler.every("x", "10s", handler, **{option: value})
+    with raises(f"option(s) {option} need a lease backend"):
+        scheduler.cron("x", "* * * * *", **{option: value})
+    assert scheduler.jobs() == []
+
+
+def test_claim_only_backend_accepts_the_other_options() -> None:
+    scheduler = Scheduler(ClaimOnly())
+    scheduler.every("x", "10s", handler, timeout_ms=500, jitter_ms=10, max_late_ms=2000)
+    (info,) = scheduler.jobs()
+    assert info.options["timeout_ms"] == 500
+
+
+# ------------------------------------------------------------------ SQLite and URLs
+
+
+@pytest.mark.parametrize("table", ["x; drop table y", "a.b", "", "1runs", "x" * 64,
+                                   'runs"', "runs-2", None])
+def test_sqlite_table_names(tmp_path: Path, table: Any) -> None:
+    with raises(f"invalid table {table!r}"):
+        SqliteBackend(tmp_path / "x.db", table=table)
+
+
+def test_sqlite_table_name_in_url(tmp_path: Path) -> None:
+    with raises("invalid table 'a.b'"):
+        backend_from_url(f"sqlite:///{tmp_path}/x.db?table=a.b")
+    with raises("unknown parameter 'prefix'"):
+        backend_from_url(f"sqlite:///{tmp_path}/x.db?prefix=p")
+    with raises("invalid SQLite URL 'sqlite://relative.db'"):
+        backend_from_url("sqlite://relative.db")
+    backend = backend_from_url(f"sqlite:///{tmp_path}/x.db?table=cron_runs")
+    assert isinstance(backend, SqliteBackend)
+    assert (backend.path, backend.table) == (f"{tmp_path}/x.db", "cron_runs")
+
+
+@pytest.mark.parametrize("url", ["mysql://u:p@localhost/db", "http://example.com",
+                                 "file:///tmp/x"])
+def test_unknown_scheme(url: str) -> None:
+    scheme = url.split(":", 1)[0]
+    with raises(f"unknown backend URL scheme {scheme!r}") as info:
+        backend_from_url(url)
+    assert "known: amqp, amqps, nats" in str(info.value)
+    assert ":p@" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["", "localhost:6379", "not a url", "redis:/x"])
+def test_malformed_url(url: str) -> None:
+    with raises(f"invalid backend URL {url!r}: expected scheme://..."):
+        backend_from_url(url)
+
+
+def test_malformed_url_does_not_leak_the_password() -> None:
+    with pytest.raises(ConfigError) as info:
+        backend_from_url("mysql://admin:hunter2@db:abc/x")
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        backend_from_url(123)  # type: ignore[arg-type]
+    assert "invalid backend URL '123'" in str(info.value)
+
+
+def test_scheduler_with_bad_url_string() -> None:
+    with raises("unknown backend URL scheme 'mongodb'"):
+        Scheduler("mongodb://localhost")
+
+
+# ------------------------------------------------------------------ raised early, never later
+
+
+async def test_errors_come_at_registration_not_at_start(tmp_path: Path) -> None:
+    scheduler = Scheduler(SqliteBackend(tmp_path / "x.db"))
+    for bad in (lambda: scheduler.every("a", "10x", handler),
+                lambda: scheduler.cron("a", "0 25 * * *", handler),
+                lambda: scheduler.every("a", "10s", handler, jitter_ms="x")):
+        with pytest.raises(ConfigError):
+            bad()
+    scheduler.every("a", "1h", handler)
+    await scheduler.start()  # nothing left to complain about
+    try:
+        # Registration while running validates the same way.
+        with raises("invalid cron expression '* *'"):
+            scheduler.cron("b", "* *", handler)
+        scheduler.cron("b", "0 8 * * *", handler, tz="Europe/Athens")
+        assert [j.name for j in scheduler.jobs()] == ["a", "b"]
+    finally:
+        await scheduler.stop()
+
+
+# ------------------------------------------------------------------ the error classes
+
+
+def test_error_hierarchy() -> None:
+    for cls in (ConfigError, UnsupportedStrategyError, StoreFormatError, StoreError,
+                Cancelled, LeaseLost):
+        assert issubclass(cls, AnarchonError)
+    assert issubclass(LeaseLost, Cancelled)
+    assert issubclass(ConfigError, ValueError)
+    assert not issubclass(Cancelled, ConfigError)
+
+
+def test_store_format_error() -> None:
+    error = StoreFormatError(7, 1)
+    assert error.code == "ANARCHON_STORE_FORMAT"
+    assert StoreFormatError.code == "ANARCHON_STORE_FORMAT"
+    assert (error.found, error.supported) == (7, 1)
+    assert str(error).startswith("ANARCHON_STORE_FORMAT: the store has format 7")
+    assert "reads up to 1" in str(error)

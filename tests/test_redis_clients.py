@@ -1,0 +1,261 @@
+"""Every kind of Redis/Valkey client a user may pass drives a real claim.
+
+redis-py and valkey-py (sync and asyncio, standalone and cluster), Valkey GLIDE (async and
+sync, standalone and cluster) and a plain object with ``execute_command``, against the
+shared Redis 7, the dedicated Valkey 8.1 and the local Redis Cluster. A client the user
+passed stays open after ``stop()``; anarchon's own connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import valkey
+import valkey.asyncio
+import valkey.asyncio.cluster
+import valkey.cluster
+
+from anarchon_core.backend import new_token
+from anarchon_core.backends.redis import RedisBackend, ValkeyBackend
+from anarchon_core.errors import ConfigError
+from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+
+from .stores import StoreHandle, unavailable
+from .stores.redis import SHARED_URL
+
+pytestmark = pytest.mark.timeout(90)
+
+Getter = Callable[[str], StoreHandle]
+
+
+async def claim_twice(backend: RedisBackend) -> None:
+    """One claim wins, the next sees it running, finish and history work."""
+    await backend.start()
+    try:
+        slot = await backend.clock_ms()
+        first = ClaimRequest("job", slot, new_token(), "a")
+        assert (await backend.claim(first)).won
+        second = await backend.claim(ClaimRequest("job", slot, new_token(), "b"))
+        assert second.outcome in (ClaimOutcome.RUNNING, ClaimOutcome.TAKEN)
+        assert await backend.finish(RunRef("job", slot, first.token, 1), "success")
+        [run] = await backend.history("job")
+        assert (run.slot, run.status, run.runner) == (slot, "success", "a")
+    finally:
+        await backend.stop()
+
+
+def valkey_port(store_handles: Getter) -> int:
+    return int(store_handles("valkey").extra.port)
+
+
+def cluster_port(store_handles: Getter) -> int:
+    return int(store_handles("redis-cluster").extra[0].port)
+
+
+# ---------------------------------------------------------------- redis-py / valkey-py
+
+SYNC_FACTORIES: dict[str, Callable[[Getter], Any]] = {
+    "redis.Redis": lambda g: redis.Redis(port=6379),
+    "redis.cluster.RedisCluster": lambda g: redis.cluster.RedisCluster(host="127.0.0.1", port=cluster_port(g)),
+    "valkey.Valkey": lambda g: valkey.Valkey(port=valkey_port(g)),
+    "valkey.cluster.ValkeyCluster": lambda g: valkey.cluster.ValkeyCluster(
+        host="127.0.0.1", port=cluster_port(g)),
+}
+ASYNC_FACTORIES: dict[str, Callable[[Getter], Any]] = {
+    "redis.asyncio.Redis": lambda g: redis.asyncio.Redis(port=6379),
+    "redis.asyncio.Redis(decode_responses)": lambda g: redis.asyncio.Redis(
+        port=6379, decode_responses=True),
+    "redis.asyncio.RedisCluster": lambda g: redis.asyncio.cluster.RedisCluster(
+        host="127.0.0.1", port=cluster_port(g)),
+    "valkey.asyncio.Valkey": lambda g: valkey.asyncio.Valkey(port=valkey_port(g)),
+    "valkey.asyncio.ValkeyCluster": lambda g: valkey.asyncio.cluster.ValkeyCluster(
+        host="127.0.0.1", port=cluster_port(g)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SYNC_FACTORIES))
+async def test_sync_client_claims_and_stays_open(kind: str, store_handles: Getter,
+                                                 namespace: str) -> None:
+    client = SYNC_FACTORIES[kind](store_handles)
+    try:
+        backend = RedisBackend(client, prefix=f"{namespace}:")
+        assert kind.split(".")[-1] in backend.describe()
+        await claim_twice(backend)
+        assert client.ping()  # the user's client is still open
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", sorted(ASYNC_FACTORIES))
+async def test_asyncio_client_claims_and_stays_open(kind: str, store_handles: Getter,
+                                                    namespace: str) -> None:
+    client = ASYNC_FACTORIES[kind](store_handles)
+    try:
+        for strategy in ("lease", "stream-id", "script"):
+            await claim_twice(RedisBackend(client, strategy=strategy,
+                                           prefix=f"{namespace}{strategy}:"))
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
+async def test_valkey_backend_with_a_valkey_client(store_handles: Getter,
+                                                   namespace: str) -> None:
+    client = valkey.asyncio.Valkey(port=valkey_port(store_handles))
+    try:
+        await claim_twice(ValkeyBackend(client, prefix=f"{namespace}:"))
+    finally:
+        await client.aclose()
+
+
+# ---------------------------------------------------------------- Valkey GLIDE
+
+def glide_config(cluster: bool, port: int) -> Any:
+    glide = pytest.importorskip("glide")
+    address = [glide.NodeAddress("127.0.0.1", port)]
+    if cluster:
+        return glide.GlideClusterClientConfiguration(address)
+    return glide.GlideClientConfiguration(address)
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+@pytest.mark.parametrize("server", ["redis", "valkey"])
+async def test_glide_async_client(cluster: bool, server: str, store_handles: Getter,
+                                  namespace: str) -> None:
+    glide = pytest.importorskip("glide")
+    if cluster and server == "valkey":
+        pytest.skip("the cluster variant runs on the local Redis Cluster only")
+    port = cluster_port(store_handles) if cluster else (
+        6379 if server == "redis" else valkey_port(store_handles))
+    cls = glide.GlideClusterClient if cluster else glide.GlideClient
+    client = await cls.create(glide_config(cluster, port))
+    try:
+        backend_cls = ValkeyBackend if server == "valkey" else RedisBackend
+        for strategy in ("lease", "stream-id", "script"):
+            await claim_twice(backend_cls(client, strategy=strategy,
+                                          prefix=f"{namespace}{strategy}:"))
+        assert await client.custom_command(["PING"]) in (b"PONG", "PONG")
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+async def test_glide_sync_client(cluster: bool, store_handles: Getter,
+                                 namespace: str) -> None:
+    glide_sync = pytest.importorskip("glide_sync")
+    port = cluster_port(store_handles) if cluster else 6379
+    cls = glide_sync.GlideClusterClient if cluster else glide_sync.GlideClient
+    client = cls.create(glide_config(cluster, port))
+    try:
+        await claim_twice(RedisBackend(client, prefix=f"{namespace}:"))
+        assert client.custom_command(["PING"]) in (b"PONG", "PONG")
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- any execute_command
+
+class SlowSyncClient:
+    """A sync client of our own: forwards to redis-py, slowly, recording threads."""
+
+    def __init__(self, delay: float) -> None:
+        self.inner = redis.Redis(port=6379)
+        self.delay = delay
+        self.calls = 0
+
+    def execute_command(self, *args: Any) -> Any:
+        self.calls += 1
+        time.sleep(self.delay)
+        return self.inner.execute_command(*args)
+
+
+class AwaitableClient:
+    """An object whose execute_command returns an awaitable (not a coroutine function)."""
+
+    def __init__(self) -> None:
+        self.inner = redis.asyncio.Redis(port=6379)
+
+    def execute_command(self, *args: Any) -> Awaitable[Any]:
+        return self.inner.execute_command(*args)
+
+
+async def test_sync_execute_command_never_blocks_the_event_loop(namespace: str) -> None:
+    client = SlowSyncClient(delay=0.2)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.ensure_future(ticker())
+    try:
+        started = time.monotonic()
+        await claim_twice(RedisBackend(client, prefix=f"{namespace}:"))
+        elapsed = time.monotonic() - started
+    finally:
+        task.cancel()
+        client.inner.close()
+    assert client.calls >= 5
+    # ≥ 1 s spent in the client's sleeps; the loop must have kept ticking meanwhile.
+    assert ticks >= elapsed / 0.01 * 0.5, f"loop blocked: {ticks} ticks in {elapsed:.2f}s"
+
+
+async def test_object_returning_awaitables(namespace: str) -> None:
+    client = AwaitableClient()
+    assert not inspect.iscoroutinefunction(client.execute_command)
+    try:
+        await claim_twice(RedisBackend(client, prefix=f"{namespace}:"))
+    finally:
+        await client.inner.aclose()
+
+
+def test_an_unusable_client_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unsupported Redis client"):
+        RedisBackend(object())
+
+
+# ---------------------------------------------------------------- anarchon's own connection
+
+@pytest.mark.parametrize("target", [SHARED_URL, {"host": "127.0.0.1", "port": 6379, "db": 0}],
+                         ids=["url", "options"])
+async def test_own_connection_is_closed_by_stop(target: Any, namespace: str) -> None:
+    backend = RedisBackend(target, prefix=f"{namespace}:")
+    await claim_twice(backend)
+    assert backend._conn is None, "stop() must drop the connection it opened"
+    # and it reconnects on the next start
+    await claim_twice(backend)
+
+
+async def test_owned_connection_really_disconnects(namespace: str) -> None:
+    name = f"anarchon-{namespace}"
+    backend = RedisBackend(f"{SHARED_URL}?client_name={name}", prefix=f"{namespace}:")
+    await backend.start()
+    await backend.clock_ms()
+    with redis.Redis(port=6379) as admin:
+        def connected() -> bool:
+            return any(c.get("name") == name for c in admin.client_list())
+        assert connected()
+        await backend.stop()
+        deadline = time.monotonic() + 5
+        while connected() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not connected()
+
+
+def test_shared_redis_is_there() -> None:
+    try:
+        with redis.Redis(port=6379, socket_timeout=2) as client:
+            client.ping()
+    except redis.RedisError as exc:
+        unavailable("Redis 7 (shared)", str(exc))
