@@ -22,8 +22,8 @@ from .errors import (
 )
 from .models import ClaimOutcome, ClaimRequest, ClaimResult, JobInfo, Run, RunRef
 from .options import JobOptions
-from .schedules import CronSchedule, EverySchedule, Schedule
 from .scheduler import Scheduler
+from .schedules import CronSchedule, EverySchedule, Schedule
 from .sync import SyncScheduler
 from .url import backend_from_url, mask_url
 

@@ -37,5 +37,5 @@ class Cancelled(AnarchonError):  # noqa: N818 - the spec's public name
     """The run was cancelled: timeout, ``stop()`` or a lost lease."""
 
 
-class LeaseLost(Cancelled):  # noqa: N818 - the spec's public name
+class LeaseLost(Cancelled):
     """Another attempt has taken over this run; this runner is fenced."""

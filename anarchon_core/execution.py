@@ -204,7 +204,7 @@ class Attempt:
                  self.status, f" ({self.error})" if self.error else "")
 
     def as_run(self) -> Run:
-        """This attempt as a history entry, as this instance saw it."""
+        """The attempt as a history entry, as this instance saw it."""
         return Run(
             job=self.ref.job, slot=self.ref.slot, attempt=self.ref.attempt,
             status=self.status, runner=self.instance_id,

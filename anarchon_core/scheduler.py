@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -391,8 +390,8 @@ class Scheduler:
         while not self._stopping:
             slot = job.schedule.next_after(max(last, round(self._now_ms())))
             last = slot
-            fire_at = slot + random.uniform(0, job.options.jitter_ms)  # noqa: S311
-            while (wait := fire_at - self._now_ms()) > 0:
+            fire_at = slot + random.uniform(0, job.options.jitter_ms)
+            while (wait := fire_at - self._now_ms()) > 0:  # noqa: ASYNC110 - a clock target
                 await asyncio.sleep(min(wait / 1000, _MAX_SLEEP_S))
             self._spawn(self._claim_and_handle(job, slot))
 
@@ -408,7 +407,7 @@ class Scheduler:
         for attempt in range(1_000):
             try:
                 return await self.backend.claim(request)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any store error: retry until too late
                 if self._stopping or self._now_ms() > give_up_at:
                     log.error("%s slot %s: claim failed, giving up: %s: %s", request.job,
                               request.slot, type(exc).__name__, exc)
@@ -441,7 +440,7 @@ class Scheduler:
         job.watching.add(slot)
         try:
             while not self._stopping and self._jobs.get(job.name) is job:
-                await asyncio.sleep(self.heartbeat_ms * random.uniform(1, 2) / 1000)  # noqa: S311
+                await asyncio.sleep(self.heartbeat_ms * random.uniform(1, 2) / 1000)
                 request = self._request(job, slot)
                 try:
                     result = await self.backend.claim(request)

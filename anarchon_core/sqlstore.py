@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backend import FORMAT_VERSION
-from .decision import HANDED_OVER, Action, RunState, decide, needs_overlap_check
+from .decision import Action, RunState, decide, needs_overlap_check
 from .errors import StoreFormatError
 from .models import ClaimRequest, ClaimResult, Run, RunRef
 from .schedules import ms_to_datetime
 
-__all__ = ["SqlQueries", "Step", "claim_steps", "check_format", "rows_to_runs"]
+__all__ = ["SqlQueries", "Step", "check_format", "claim_steps", "rows_to_runs"]
 
 #: A claim trims old history about once in this many won claims.
 TRIM_EVERY = 20
@@ -165,7 +165,7 @@ def claim_steps(req: ClaimRequest) -> ClaimSteps:
             "status": "running", "runner": req.runner,
             "lease_until": decision.lease_until_ms, "finished_at": None, "error": None,
         }, rows=False)
-        if random.random() < 1 / TRIM_EVERY:  # noqa: S311 - load spreading, not security
+        if random.random() < 1 / TRIM_EVERY:
             yield from trim_steps(req, now)
     elif decision.action is Action.SKIP:
         yield Step("insert_attempt", {
@@ -213,7 +213,9 @@ def check_format(rows: list[Any]) -> None:
 def rows_to_runs(rows: list[Any]) -> list[Run]:
     """Turn ``history`` rows into runs; an expired running attempt reads ``interrupted``."""
     runs = []
-    for job, slot, attempt, status, runner, started, finished, error, manual, lease, now in rows:
+    for job, slot, attempt, stored_status, runner, started, finished, stored_error, manual, \
+            lease, now in rows:
+        status, error = stored_status, stored_error
         if status == "running" and lease is not None and int(lease) <= int(now):
             status, error = "interrupted", error or "lease expired: the runner is gone"
         runs.append(Run(

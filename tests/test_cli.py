@@ -6,13 +6,15 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 
-def anarchon(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def anarchon(*args: str, cwd: Path | None = None,
+             timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "anarchon_core", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd, check=False)
 
@@ -55,7 +57,6 @@ def test_jobs_run_and_history_on_a_user_module(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "anarchon_core", "run", "myjobs:scheduler"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        import time
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             hist = anarchon("history", "tick", "--backend", f"sqlite:///{db}")

@@ -7,6 +7,7 @@ store's ``history()``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -162,7 +163,7 @@ def test_overlapping_slots_are_skipped(
     spans = sorted((s.time_ms, e.time_ms) for s in entries for e in entries
                    if s.event == "start" and e.event == "end" and s.token == e.token)
     assert len(spans) >= 2
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end - 50, f"runs overlapped: one ended at {end}, next began {start}"
     history = read_history(url, "slow")
     skipped = [r for r in history if r.status == "skipped"]

@@ -66,6 +66,7 @@ from ..errors import ConfigError, StoreError, StoreFormatError
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from ..naming import validate_job_name, validate_prefix
 from ..url import mask_url, split_namespace_params
+from .rabbitmq import scrub
 
 if TYPE_CHECKING:
     from ..options import JobOptions
@@ -224,14 +225,22 @@ class NatsBackend(ClaimOnlyBackend):
         return self._nc
 
     async def _connect(self) -> Client:
+        errors = 0
+
         async def on_error(exc: Exception) -> None:
-            log.warning("NATS connection error: %s: %s", type(exc).__name__, exc)
+            nonlocal errors
+            errors += 1
+            # While the server is away every reconnect attempt fails: say it once.
+            log.log(logging.WARNING if errors == 1 else logging.DEBUG,
+                    "NATS connection error: %s: %s", type(exc).__name__, exc)
 
         async def on_disconnect() -> None:
             if not self._closing:
                 log.warning("disconnected from NATS; reconnecting")
 
         async def on_reconnect() -> None:
+            nonlocal errors
+            errors = 0
             log.warning("reconnected to NATS")
 
         options: dict[str, Any] = {
@@ -242,10 +251,10 @@ class NatsBackend(ClaimOnlyBackend):
         }
         try:
             nc: Client = await nats.connect(self._servers, **options)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - re-raised as StoreError, URLs masked
             shown = ", ".join(mask_url(u) for u in self._servers)
-            raise StoreError(f"cannot connect to NATS at {shown}: {type(exc).__name__}") \
-                from None
+            raise StoreError(f"cannot connect to NATS at {shown}: {type(exc).__name__}: "
+                             f"{scrub(str(exc))}") from None
         return nc
 
     async def _js(self) -> Any:

@@ -8,11 +8,10 @@ PostgreSQL is only how the steps are executed:
   transaction-scoped advisory lock on (table, job), so reading a run's state and writing
   the decision cannot interleave with another instance's writes to the same job;
 * times come from the server clock (``clock_timestamp()``), never from the instances;
-* statements of one transaction are sent in pipeline mode, so the lock, the clock read
-  and the first query share one network round trip;
-* every transaction sets local ``lock_timeout``, ``statement_timeout`` and
-  ``idle_in_transaction_session_timeout``: an instance frozen in the middle of a claim
-  (SIGSTOP, a long GC pause) cannot hold the job's lock for longer than that;
+* anarchon's sessions run with ``lock_timeout``, ``statement_timeout`` and
+  ``idle_in_transaction_session_timeout`` (set on the connection anarchon opens, local to
+  each transaction on a connection or pool of yours): an instance frozen in the middle of
+  a claim (SIGSTOP, a long GC pause) cannot hold the job's lock for longer than that;
 * a transaction that fails because the connection dropped (or any
   :class:`psycopg.OperationalError`) is retried as a whole, a bounded number of times, on a
   new connection. A claim reports ``won`` only after its ``COMMIT`` succeeded. If the
@@ -102,7 +101,9 @@ class PostgresBackend(Backend):
         self.timeout_ms = timeout_ms
         self._schema = parts[0] if len(parts) == 2 else None
         name = parts[-1]
-        self._source = _make_source(connection)
+        # A lock wait reports itself as such (LockNotAvailable), before the statement limit.
+        settings = {"timeout": str(timeout_ms), "statement_timeout": str(2 * timeout_ms)}
+        self._source = _make_source(connection, settings)
         runs = sql.Identifier(*parts)
         meta = sql.Identifier(*parts[:-1], _derived(name, "_meta"))
         self._queries = SqlQueries.render(
@@ -118,7 +119,6 @@ class PostgresBackend(Backend):
         )
         self._sql: dict[str, str] = {
             **self._queries.text,
-            "settings": _SETTINGS,
             "ddl_lock": "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))",
             "exists": sql.SQL(
                 "SELECT to_regclass({}) IS NOT NULL AND to_regclass({}) IS NOT NULL"
@@ -131,8 +131,6 @@ class PostgresBackend(Backend):
                 "AND manual = %(manual)s AND attempt = %(attempt)s AND token = %(token)s"
             ).format(runs).as_string(),
         }
-        # A lock wait reports itself as such (LockNotAvailable), before the statement limit.
-        self._settings = {"timeout": str(timeout_ms), "statement_timeout": str(2 * timeout_ms)}
         self._started = False
 
     @classmethod
@@ -162,7 +160,7 @@ class PostgresBackend(Backend):
         delay = 0.05
         for attempt in range(self.retries + 1):
             try:
-                return await self._source.run(self._sql, self._framed(work))
+                return await self._source.run(self._sql, work())
             except _Transient as exc:
                 if attempt == self.retries:
                     raise exc.error from None
@@ -174,10 +172,6 @@ class PostgresBackend(Backend):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _framed(self, work: Work[T]) -> Generator[Step, Any, T]:
-        yield Step("settings", self._settings)
-        return (yield from work())
 
     async def _ensure_started(self) -> None:
         if not self._started:
@@ -273,9 +267,9 @@ class PostgresBackend(Backend):
 # Local to each transaction: a frozen client cannot hold a job's lock for long, and a
 # waiter gives up (and retries) instead of hanging.
 _SETTINGS = (
-    "SELECT set_config('lock_timeout', %(timeout)s, true), "
-    "set_config('statement_timeout', %(statement_timeout)s, true), "
-    "set_config('idle_in_transaction_session_timeout', %(timeout)s, true)"
+    "SELECT set_config('lock_timeout', %(timeout)s, {scope}), "
+    "set_config('statement_timeout', %(statement_timeout)s, {scope}), "
+    "set_config('idle_in_transaction_session_timeout', %(timeout)s, {scope})"
 )
 
 
@@ -335,12 +329,17 @@ def _check_idle(conn: psycopg.BaseConnection[Any]) -> None:
 
 
 async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, str],
-                       steps: Generator[Step, Any, T]) -> T:
-    """Run ``steps`` in one transaction; return only once the COMMIT has succeeded."""
+                       steps: Generator[Step, Any, T], settings: dict[str, str] | None) -> T:
+    """Run ``steps`` in one transaction; return only once the COMMIT has succeeded.
+
+    ``settings``: the timeouts to set for this transaction (None: the session has them).
+    """
     _check_idle(conn)
     try:
-        async with conn.pipeline() as pipeline, conn.transaction():
+        async with conn.transaction():
             cur = conn.cursor()
+            if settings is not None:
+                await cur.execute(_SETTINGS.format(scope="true"), settings)
             reply: Any = None
             while True:
                 try:
@@ -349,11 +348,7 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, st
                     result: T = done.value
                     break
                 await cur.execute(queries[step.query], step.params)
-                if step.rows:
-                    reply = await cur.fetchall()
-                else:
-                    await pipeline.sync()
-                    reply = cur.rowcount
+                reply = await cur.fetchall() if step.rows else cur.rowcount
     except psycopg.Error as exc:
         if _transient(exc, conn):
             raise _Transient(exc) from exc
@@ -362,12 +357,13 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, st
 
 
 def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
-                steps: Generator[Step, Any, T]) -> T:
+                steps: Generator[Step, Any, T], settings: dict[str, str]) -> T:
     """The blocking twin of :func:`_drive_async`, for a user's synchronous connection."""
     _check_idle(conn)
     try:
-        with conn.pipeline() as pipeline, conn.transaction():
+        with conn.transaction():
             cur = conn.cursor()
+            cur.execute(_SETTINGS.format(scope="true"), settings)
             reply: Any = None
             while True:
                 try:
@@ -376,11 +372,7 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
                     result: T = done.value
                     break
                 cur.execute(queries[step.query], step.params)
-                if step.rows:
-                    reply = cur.fetchall()
-                else:
-                    pipeline.sync()
-                    reply = cur.rowcount
+                reply = cur.fetchall() if step.rows else cur.rowcount
     except psycopg.Error as exc:
         if _transient(exc, conn):
             raise _Transient(exc) from exc
@@ -391,7 +383,7 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
 class _OwnedConnection:
     """One connection anarchon opens from a conninfo, re-opens after a drop, and closes."""
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, settings: dict[str, str]) -> None:
         try:
             params = conninfo_to_dict(conninfo)
         except psycopg.ProgrammingError as exc:
@@ -399,6 +391,7 @@ class _OwnedConnection:
                 f"invalid PostgreSQL connection string {_mask_conninfo(conninfo)!r}: {exc}"
             ) from None
         self.conninfo = conninfo
+        self.settings = settings
         self.extra: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
             self.extra["connect_timeout"] = _DEFAULT_CONNECT_TIMEOUT_S
@@ -410,18 +403,26 @@ class _OwnedConnection:
     def describe(self) -> str:
         return repr(_mask_conninfo(self.conninfo))
 
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.extra)
+            try:
+                await conn.execute(_SETTINGS.format(scope="false"), self.settings)
+            except BaseException:
+                await conn.close()
+                raise
+        except psycopg.OperationalError as exc:
+            raise _Transient(exc) from exc
+        logger.debug("connected to %s", self.describe())
+        return conn
+
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         async with self.lock:
             if self.conn is None or self.conn.closed:
-                try:
-                    self.conn = await psycopg.AsyncConnection.connect(
-                        self.conninfo, **self.extra)
-                except psycopg.OperationalError as exc:
-                    raise _Transient(exc) from exc
-                logger.debug("connected to %s", self.describe())
+                self.conn = await self._connect()
             conn = self.conn
             try:
-                return await _drive_async(conn, queries, steps)
+                return await _drive_async(conn, queries, steps, None)
             except BaseException:
                 # Dropped, or interrupted mid-transaction (cancelled): start afresh.
                 if conn.broken or conn.closed or \
@@ -438,8 +439,9 @@ class _OwnedConnection:
 
 
 class _UserAsyncConnection:
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], settings: dict[str, str]) -> None:
         self.conn = conn
+        self.settings = settings
         self.lock = asyncio.Lock()
 
     def describe(self) -> str:
@@ -447,15 +449,16 @@ class _UserAsyncConnection:
 
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         async with self.lock:
-            return await _drive_async(self.conn, queries, steps)
+            return await _drive_async(self.conn, queries, steps, self.settings)
 
     async def close(self) -> None:
         return None
 
 
 class _UserAsyncPool:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], settings: dict[str, str]) -> None:
         self.pool = pool
+        self.settings = settings
 
     def describe(self) -> str:
         return "<psycopg_pool.AsyncConnectionPool>"
@@ -463,7 +466,7 @@ class _UserAsyncPool:
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         try:
             async with self.pool.connection() as conn:
-                return await _drive_async(conn, queries, steps)
+                return await _drive_async(conn, queries, steps, self.settings)
         except psycopg.OperationalError as exc:  # PoolTimeout: no connection came
             raise _Transient(exc) from exc
 
@@ -472,8 +475,9 @@ class _UserAsyncPool:
 
 
 class _UserSyncConnection:
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], settings: dict[str, str]) -> None:
         self.conn = conn
+        self.settings = settings
         self.lock = threading.Lock()
 
     def describe(self) -> str:
@@ -481,7 +485,7 @@ class _UserSyncConnection:
 
     def _run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         with self.lock:
-            return _drive_sync(self.conn, queries, steps)
+            return _drive_sync(self.conn, queries, steps, self.settings)
 
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         return await asyncio.to_thread(self._run, queries, steps)
@@ -491,8 +495,9 @@ class _UserSyncConnection:
 
 
 class _UserSyncPool:
-    def __init__(self, pool: ConnectionPool[Any]) -> None:
+    def __init__(self, pool: ConnectionPool[Any], settings: dict[str, str]) -> None:
         self.pool = pool
+        self.settings = settings
 
     def describe(self) -> str:
         return "<psycopg_pool.ConnectionPool>"
@@ -500,7 +505,7 @@ class _UserSyncPool:
     def _run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         try:
             with self.pool.connection() as conn:
-                return _drive_sync(conn, queries, steps)
+                return _drive_sync(conn, queries, steps, self.settings)
         except psycopg.OperationalError as exc:
             raise _Transient(exc) from exc
 
@@ -511,15 +516,15 @@ class _UserSyncPool:
         return None
 
 
-def _make_source(connection: object) -> _Source:
+def _make_source(connection: object, settings: dict[str, str]) -> _Source:
     if isinstance(connection, str):
         if not connection.strip():
             raise ConfigError("invalid connection '': expected a PostgreSQL URL or conninfo")
-        return _OwnedConnection(connection)
+        return _OwnedConnection(connection, settings)
     if isinstance(connection, psycopg.AsyncConnection):
-        return _UserAsyncConnection(connection)
+        return _UserAsyncConnection(connection, settings)
     if isinstance(connection, psycopg.Connection):
-        return _UserSyncConnection(connection)
+        return _UserSyncConnection(connection, settings)
     with contextlib.suppress(ImportError):
         from psycopg_pool import (  # noqa: PLC0415 - optional: psycopg alone is enough
             AsyncConnectionPool,
@@ -527,9 +532,9 @@ def _make_source(connection: object) -> _Source:
         )
 
         if isinstance(connection, AsyncConnectionPool):
-            return _UserAsyncPool(connection)
+            return _UserAsyncPool(connection, settings)
         if isinstance(connection, ConnectionPool):
-            return _UserSyncPool(connection)
+            return _UserSyncPool(connection, settings)
     raise ConfigError(
         f"invalid connection {type(connection).__name__}: expected a PostgreSQL URL or "
         "conninfo string, a psycopg (Async)Connection or a psycopg_pool (Async)ConnectionPool"

@@ -4,8 +4,8 @@ Built on aio-pika (asyncio, like the core: no thread per connection, and claims 
 jobs share one connection and channel with publisher confirms in flight together).
 
 How a claim works: each run has its own queue ``<prefix><job>.<slot>`` (manual runs:
-``<prefix><job>.<slot>.manual``; ``<job>`` escaped by :func:`queue_token`), declared by every claimant as a durable **classic**
-queue with ``x-max-length: 1`` and ``x-overflow: reject-publish``, and never consumed.
+``<prefix><job>.<slot>.manual``; ``<job>`` escaped by :func:`queue_token`), declared by
+every claimant as a durable **classic** queue with ``x-max-length: 1`` and ``x-overflow: reject-publish``, and never consumed.
 Every claimant publishes one persistent message to it with publisher confirms: the
 broker accepts the first (``basic.ack``: the claimant won) and refuses every later one
 (``basic.nack``: taken). Quorum queues are not used: they do not enforce the length
@@ -84,6 +84,7 @@ MAX_QUEUE_NAME = 255
 #: Bytes a stream keeps per run of history (a claim and a result record, with headroom).
 _BYTES_PER_RUN = 800
 _MIN_HISTORY_BYTES = 64_000
+_CREDENTIALS = re.compile(r"//([^:/@\s]*):([^@\s]*)@")
 _CURRENT_FORMAT = re.compile(r"current is (?:the value )?'?(\w+)'?")
 
 
@@ -112,6 +113,11 @@ class _Won:
     runner: str
     at_ms: int
     stream_args: dict[str, Any]
+
+
+def scrub(text: str) -> str:
+    """Mask ``user:password@`` in any URL inside ``text`` (driver error messages)."""
+    return _CREDENTIALS.sub(r"//\1:***@", text)
 
 
 def _now_ms() -> int:
@@ -215,10 +221,9 @@ class RabbitMQBackend(ClaimOnlyBackend):
             try:
                 self._conn = await asyncio.wait_for(aio_pika.connect(self._url),
                                                     self.timeout_s)
-            except Exception as exc:
-                # aio-pika's messages may hold the URL: report it masked.
+            except Exception as exc:  # noqa: BLE001 - re-raised as StoreError, URL masked
                 raise StoreError(f"cannot connect to RabbitMQ at {mask_url(self._url)}: "
-                                 f"{type(exc).__name__}") from None
+                                 f"{type(exc).__name__}: {scrub(str(exc))}") from None
         return self._conn
 
     async def _confirm_channel(self) -> AbstractChannel:
@@ -331,7 +336,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
         self._stream_args.setdefault(request.job, stream_args)
         try:
             await self._append(request.job, record)
-        except Exception as exc:  # the run is ours; only history suffers
+        except Exception as exc:  # noqa: BLE001 - the run is ours; only history suffers
             log.warning("%s slot %s: won, but the claim record was not written to history "
                         "(%s: %s)", request.job, request.slot, type(exc).__name__, exc)
         if late:

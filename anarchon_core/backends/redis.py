@@ -142,10 +142,10 @@ class RedisBackend(Backend):
             shown = {k: v for k, v in self._options.items()
                      if k in ("host", "port", "db", "username", "ssl", "unix_socket_path")}
             target = f"options{shown!r}"
-        if self._cluster:
-            target += " (cluster)"
         else:
             target = self._conn.label if self._conn is not None else "?"
+        if self._cluster:
+            target += " (cluster)"
         return (f"{self._display}({self._option}={target}, strategy={self.strategy.name!r}, "
                 f"prefix={self.prefix!r})")
 

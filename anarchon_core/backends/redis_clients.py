@@ -117,6 +117,10 @@ def is_noscript(exc: BaseException) -> bool:
             or "No matching script" in text)
 
 
+def _text(arg: Arg) -> str | bytes:
+    return arg if isinstance(arg, str | bytes) else str(arg)
+
+
 def client_label(client: object) -> str:
     """``module.Class`` of a client, for logs and reprs."""
     cls = type(client)
@@ -129,8 +133,8 @@ def adapt_client(client: object) -> Commands:
     glide = getattr(client, "custom_command", None)
     if callable(glide):  # Valkey GLIDE takes the command as one list
         blocking = not inspect.iscoroutinefunction(glide)
-        return Commands(lambda args: glide(list(args)), label=label, owned=False,
-                        blocking=blocking)
+        return Commands(lambda args: glide([_text(a) for a in args]), label=label,
+                        owned=False, blocking=blocking)
     execute = getattr(client, "execute_command", None)
     if callable(execute):
         blocking = not inspect.iscoroutinefunction(execute)

@@ -15,8 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..models import Run
-from ..schedules import ms_to_datetime
 from ..scheduler import Scheduler
+from ..schedules import ms_to_datetime
 from ..url import backend_from_url, mask_url
 from .fleet import Cluster, JobSpec
 

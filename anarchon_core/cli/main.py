@@ -13,8 +13,8 @@ from zoneinfo import ZoneInfo
 
 from ..errors import AnarchonError
 from ..models import Run
-from ..schedules import CronSchedule, ms_to_datetime
 from ..scheduler import Scheduler
+from ..schedules import CronSchedule, ms_to_datetime
 from ..url import backend_from_url
 
 __all__ = ["build_parser", "main"]
@@ -90,7 +90,7 @@ def cmd_next(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Several instances, one killed mid-run: every slot runs once."""
-    from .demo import run_demo
+    from .demo import run_demo  # noqa: PLC0415 - spawns processes; load only when asked
 
     return run_demo(backend=args.backend, instances=args.instances, seconds=args.seconds)
 

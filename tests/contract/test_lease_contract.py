@@ -7,6 +7,7 @@ own clock, so what is checked is the store's behaviour, not the scheduler's timi
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -283,8 +284,6 @@ async def test_history_ttl_drops_old_runs(lease_backend: Backend) -> None:
 
 
 async def test_clock_is_close_to_local_time(lease_backend: Backend) -> None:
-    import time
-
     assert abs(await lease_backend.clock_ms() - time.time() * 1000) < 5_000
 
 
