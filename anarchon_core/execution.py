@@ -161,10 +161,11 @@ class Attempt:
 
     def _settle(self, task: asyncio.Future[Any]) -> None:
         reason = self.ctx.cancel_reason
-        if task.done() and not task.cancelled() and task.exception() is None:
-            self.status = "success"
-        elif reason == TIMEOUT:
+        if reason == TIMEOUT:
+            # Past its timeout the run has failed, even if the handler returned afterwards.
             self.status, self.error = "failed", "timeout"
+        elif task.done() and not task.cancelled() and task.exception() is None:
+            self.status = "success"
         elif reason in (STOPPING, LEASE_LOST):
             self.status = "interrupted"
             self.error = "stopping" if reason == STOPPING else "lease lost"

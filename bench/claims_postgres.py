@@ -3,8 +3,9 @@
     python -m bench.claims_postgres [--url postgresql://postgres@127.0.0.1/test]
                                     [--count 2000] [--concurrency 16] [--history 200000]
 
-The floor is a plain ``INSERT ... ON CONFLICT DO NOTHING`` (autocommit, one round trip)
-over the same connection the backend uses, measured in the same run. Rows:
+The backend is built from the URL, as most users build it (one connection of its own); the
+floor is a plain ``INSERT ... ON CONFLICT DO NOTHING`` (autocommit, one round trip) over
+that same connection, measured in the same run. Rows:
 
 * ``claim won``: a fresh run, the full path (lock, clock, state, overlap check, insert);
 * ``claim won, N rows of history``: the same after ``--history`` finished runs were added
@@ -32,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from anarchon_core.backend import new_token
 from anarchon_core.backends.postgres import PostgresBackend
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+from anarchon_core.url import mask_url
 
 from .common import Measurement, measure, print_table
 
@@ -49,10 +51,11 @@ def claim_request(job: str, slot: int, runner: str = "bench", *,
 async def run(url: str, count: int, concurrency: int, history: int) -> None:
     table = f"bench_{uuid.uuid4().hex[:10]}"
     floor_table = sql.Identifier(f"{table}_floor")
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    backend = PostgresBackend(conn, table=table)
+    backend = PostgresBackend(url, table=table)
+    await backend.start()
+    conn = backend._source.conn  # type: ignore[attr-defined]  # the same connection
+    assert isinstance(conn, psycopg.AsyncConnection)
     try:
-        await backend.start()
         await conn.execute(sql.SQL(
             "CREATE TABLE {} (job TEXT, slot BIGINT, PRIMARY KEY (job, slot))").format(floor_table))
         floor_sql = sql.SQL(
@@ -112,16 +115,15 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
 
         floor_row = await measure("floor: INSERT ON CONFLICT", floor, **kw)
         print_table(
-            f"PostgreSQL claims ({url.split('@')[-1]}, {count} sequential calls for latency, "
+            f"PostgreSQL claims ({mask_url(url)}, {count} sequential calls for latency, "
             f"{count} with {concurrency} in flight for ops/s)",
             [*rows, floor_row], floor=floor_row,
         )
         print_claims_per_second(rows, floor_row)
     finally:
-        await backend.stop()
         for name in (table, f"{table}_meta", f"{table}_floor"):
             await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
-        await conn.close()
+        await backend.stop()
 
 
 def print_claims_per_second(rows: list[Measurement], floor: Measurement) -> None:

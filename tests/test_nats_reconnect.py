@@ -16,6 +16,7 @@ import pytest
 
 from anarchon_core.backend import new_token
 from anarchon_core.backends.nats import NatsBackend
+from anarchon_core.claimrecords import claim_record, encode_json
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from .stores import unavailable
@@ -120,8 +121,6 @@ async def test_lost_acknowledgement_is_recognised_on_retry(nats_server: NatsServ
         mine = ClaimRequest("job", slot, new_token(), "a", max_late_ms=60_000)
         # The same publish the backend makes, as if its acknowledgement had been lost:
         js = (await backend._client()).jetstream()
-        from anarchon_core.claimrecords import claim_record, encode_json
-
         await js.publish(backend.claim_subject("job", slot), encode_json(claim_record(mine, 0)),
                          headers={"Nats-Expected-Last-Subject-Sequence": "0",
                                   "Nats-Msg-Id": mine.token})
@@ -160,7 +159,7 @@ def test_instances_reconnect_and_no_slot_runs_twice(
     successes = Counter(r.slot for r in history if r.status == "success")
     assert max(successes.values()) == 1
     # After the server is back (and JetStream has recovered), every slot runs again.
-    recovered = [s for s in grid_slots(1_000, back + 3_000, end)]
+    recovered = grid_slots(1_000, back + 3_000, end)
     assert recovered, "the test window is too short"
     missing = [s for s in recovered if s not in starts]
     assert not missing, f"slots after the reconnect that never ran: {missing}\n{logs[-3000:]}"

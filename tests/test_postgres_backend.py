@@ -122,7 +122,7 @@ def test_bad_table_in_a_url_is_refused() -> None:
         backend_from_url(f"{POSTGRES_URL}?table=x%3B%20drop%20table%20y")
 
 
-@pytest.mark.parametrize("bad", [None, 42, object(), "  "])
+@pytest.mark.parametrize("bad", [42, object(), "  ", "host=127.0.0.1 port='unterminated"])
 def test_bad_connection_is_refused(bad: object) -> None:
     with pytest.raises(ConfigError, match="connection"):
         PostgresBackend(bad)  # type: ignore[arg-type]
@@ -141,6 +141,30 @@ def test_url_keeps_libpq_parameters_and_hides_the_password() -> None:
         backend_from_url(f"{POSTGRES_URL}?prefix=cron:")
     conninfo = PostgresBackend("host=127.0.0.1 password='a b' dbname=test")
     assert "a b" not in repr(conninfo)
+
+
+async def test_postgres_scheme_alias_and_libpq_defaults(
+    cleanup: None, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_from_url(POSTGRES_URL.replace("postgresql://", "postgres://", 1)
+                               + f"?table={namespace}")
+    await backend.start()
+    try:
+        assert (await backend.claim(req("job", await backend.clock_ms()))).won
+    finally:
+        await backend.stop()
+    # No connection given: libpq's defaults, i.e. the PG* environment variables.
+    info = psycopg.conninfo.conninfo_to_dict(POSTGRES_URL)
+    for key, var in (("host", "PGHOST"), ("port", "PGPORT"), ("user", "PGUSER"),
+                     ("dbname", "PGDATABASE")):
+        if key in info:
+            monkeypatch.setenv(var, str(info[key]))
+    default = PostgresBackend(table=namespace)
+    await default.start()
+    try:
+        assert [r.runner for r in await default.history("job")] == ["a"]
+    finally:
+        await default.stop()
 
 
 async def test_long_table_names_get_distinct_meta_tables(

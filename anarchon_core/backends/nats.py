@@ -66,7 +66,6 @@ from ..errors import ConfigError, StoreError, StoreFormatError
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from ..naming import validate_job_name, validate_prefix
 from ..url import mask_url, split_namespace_params
-from .rabbitmq import scrub
 
 if TYPE_CHECKING:
     from ..options import JobOptions
@@ -113,6 +112,14 @@ def token_job(token: str) -> str:
             data.extend(token[i].encode())
             i += 1
     return data.decode()
+
+
+_CREDENTIALS = re.compile(r"//([^:/@\s]*):([^@\s]*)@")
+
+
+def scrub(text: str) -> str:
+    """Mask ``user:password@`` in any URL inside ``text`` (driver error messages)."""
+    return _CREDENTIALS.sub(r"//\1:***@", text)
 
 
 def _now_ms() -> int:

@@ -70,7 +70,8 @@ class PostgresBackend(Backend):
     """Lease backend on a PostgreSQL table.
 
     :param connection: where to store runs. A conninfo string or URL
-        (``"postgresql://user@host/db"``): anarchon opens one connection of its own,
+        (``"postgresql://user@host/db"``; ``None``: libpq's defaults and ``PG*`` environment
+        variables): anarchon opens one connection of its own,
         re-opens it when it drops, and closes it on :meth:`stop`. Or a client of yours,
         which anarchon uses but never closes: a ``psycopg.AsyncConnection`` (dedicate it to
         anarchon: it must not be inside a transaction of yours), a
@@ -89,7 +90,7 @@ class PostgresBackend(Backend):
     """
 
     def __init__(
-        self, connection: Connection = "postgresql://localhost/postgres", *,
+        self, connection: Connection | None = None, *,
         table: str = "anarchon_runs", retries: int = 6, timeout_ms: int = 5_000,
     ) -> None:
         parts = validate_table(table, allow_schema=True)
@@ -161,7 +162,7 @@ class PostgresBackend(Backend):
         for attempt in range(self.retries + 1):
             try:
                 return await self._source.run(self._sql, work())
-            except _Transient as exc:
+            except _TransientError as exc:
                 if attempt == self.retries:
                     raise exc.error from None
                 logger.warning(
@@ -296,7 +297,7 @@ def _strip_params(url: str, names: tuple[str, ...]) -> str:
 # -- where connections come from ------------------------------------------------------
 
 
-class _Transient(Exception):
+class _TransientError(Exception):
     """A transaction failed in a way worth retrying on a (new) connection."""
 
     def __init__(self, error: psycopg.Error) -> None:
@@ -351,7 +352,7 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, st
                 reply = await cur.fetchall() if step.rows else cur.rowcount
     except psycopg.Error as exc:
         if _transient(exc, conn):
-            raise _Transient(exc) from exc
+            raise _TransientError(exc) from exc
         raise
     return result
 
@@ -375,7 +376,7 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
                 reply = cur.fetchall() if step.rows else cur.rowcount
     except psycopg.Error as exc:
         if _transient(exc, conn):
-            raise _Transient(exc) from exc
+            raise _TransientError(exc) from exc
         raise
     return result
 
@@ -401,7 +402,7 @@ class _OwnedConnection:
         self.lock = asyncio.Lock()
 
     def describe(self) -> str:
-        return repr(_mask_conninfo(self.conninfo))
+        return repr(_mask_conninfo(self.conninfo)) if self.conninfo else "'' (libpq defaults)"
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         try:
@@ -412,7 +413,7 @@ class _OwnedConnection:
                 await conn.close()
                 raise
         except psycopg.OperationalError as exc:
-            raise _Transient(exc) from exc
+            raise _TransientError(exc) from exc
         logger.debug("connected to %s", self.describe())
         return conn
 
@@ -468,7 +469,7 @@ class _UserAsyncPool:
             async with self.pool.connection() as conn:
                 return await _drive_async(conn, queries, steps, self.settings)
         except psycopg.OperationalError as exc:  # PoolTimeout: no connection came
-            raise _Transient(exc) from exc
+            raise _TransientError(exc) from exc
 
     async def close(self) -> None:
         return None
@@ -507,7 +508,7 @@ class _UserSyncPool:
             with self.pool.connection() as conn:
                 return _drive_sync(conn, queries, steps, self.settings)
         except psycopg.OperationalError as exc:
-            raise _Transient(exc) from exc
+            raise _TransientError(exc) from exc
 
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         return await asyncio.to_thread(self._run, queries, steps)
@@ -517,6 +518,8 @@ class _UserSyncPool:
 
 
 def _make_source(connection: object, settings: dict[str, str]) -> _Source:
+    if connection is None:
+        return _OwnedConnection("", settings)
     if isinstance(connection, str):
         if not connection.strip():
             raise ConfigError("invalid connection '': expected a PostgreSQL URL or conninfo")

@@ -5,13 +5,14 @@ jobs share one connection and channel with publisher confirms in flight together
 
 How a claim works: each run has its own queue ``<prefix><job>.<slot>`` (manual runs:
 ``<prefix><job>.<slot>.manual``; ``<job>`` escaped by :func:`queue_token`), declared by
-every claimant as a durable **classic** queue with ``x-max-length: 1`` and ``x-overflow: reject-publish``, and never consumed.
-Every claimant publishes one persistent message to it with publisher confirms: the
-broker accepts the first (``basic.ack``: the claimant won) and refuses every later one
-(``basic.nack``: taken). Quorum queues are not used: they do not enforce the length
-limit exactly. The queue deletes itself ``run_expires_ms`` after its last declaration
-(``x-expires``), which must outlast any late claim: :meth:`check_job` refuses a job whose
-``max_late_ms + jitter_ms`` exceeds half of it.
+every claimant as a durable **classic** queue with ``x-max-length: 1`` and ``x-overflow:
+reject-publish``, and never consumed. Every claimant publishes one persistent message to
+it with publisher confirms: the broker accepts the first (``basic.ack``: the claimant
+won) and refuses every later one (``basic.nack``: taken). Quorum queues are not used:
+they do not enforce the length limit exactly. The queue deletes itself
+``run_expires_ms`` after its last declaration (``x-expires``), which must outlast any
+late claim: :meth:`check_job` refuses a job whose ``max_late_ms + jitter_ms`` exceeds
+half of it.
 
 History: each job has a **stream queue** ``<prefix><job>.history`` holding one claim
 record per won run and one result record per finished run (see
@@ -134,11 +135,13 @@ class RabbitMQBackend(ClaimOnlyBackend):
     :param run_expires_ms: how long a run's queue outlives its last claim (``x-expires``,
         default 10 minutes). Every instance of a namespace must use the same value.
     :param timeout_s: how long a connect, declaration or publisher confirm may take.
+    :param channels: channels claims are spread over (default 4): a channel waits for
+        one queue declaration at a time, so several let concurrent claims overlap.
     """
 
     def __init__(
         self, url: str | AbstractConnection = DEFAULT_URL, *, prefix: str = "cron.",
-        run_expires_ms: int = 600_000, timeout_s: float = 10.0,
+        run_expires_ms: int = 600_000, timeout_s: float = 10.0, channels: int = 4,
     ) -> None:
         self.prefix = validate_prefix(prefix)
         if self.prefix.lower().startswith("amq."):
@@ -159,11 +162,16 @@ class RabbitMQBackend(ClaimOnlyBackend):
         else:
             raise ConfigError(f"invalid url {type(url).__name__}: expected an AMQP URL or an "
                               "aio-pika connection")
+        if isinstance(channels, bool) or not isinstance(channels, int) or \
+                not 1 <= channels <= 64:
+            raise ConfigError(f"invalid channels {channels!r}: expected an int from 1 to 64")
         self.run_expires_ms = run_expires_ms
         self.timeout_s = timeout_s
         self._conn: AbstractConnection | None = None
-        self._channel: AbstractChannel | None = None
+        self._channels: list[AbstractChannel | None] = [None] * channels
+        self._next_channel = 0
         self._lock = asyncio.Lock()
+        self._conn_lock = asyncio.Lock()
         self._streams: set[str] = set()
         self._won: dict[str, _Won] = {}
         self._stream_args: dict[str, dict[str, Any]] = {}
@@ -214,30 +222,35 @@ class RabbitMQBackend(ClaimOnlyBackend):
     async def _connection(self) -> AbstractConnection:
         if self._given is not None:
             return self._given
-        if self._conn is None or self._conn.is_closed:
-            assert self._url is not None
-            self._streams.clear()
-            self._channel = None
-            try:
-                self._conn = await asyncio.wait_for(aio_pika.connect(self._url),
-                                                    self.timeout_s)
-            except Exception as exc:  # noqa: BLE001 - re-raised as StoreError, URL masked
-                raise StoreError(f"cannot connect to RabbitMQ at {mask_url(self._url)}: "
-                                 f"{type(exc).__name__}: {scrub(str(exc))}") from None
-        return self._conn
+        conn = self._conn
+        if conn is not None and not conn.is_closed:
+            return conn
+        async with self._conn_lock:
+            if self._conn is None or self._conn.is_closed:
+                assert self._url is not None
+                self._streams.clear()
+                self._channels = [None] * len(self._channels)
+                try:
+                    self._conn = await asyncio.wait_for(aio_pika.connect(self._url),
+                                                        self.timeout_s)
+                except Exception as exc:  # noqa: BLE001 - re-raised as StoreError, URL masked
+                    raise StoreError(f"cannot connect to RabbitMQ at {mask_url(self._url)}: "
+                                     f"{type(exc).__name__}: {scrub(str(exc))}") from None
+            return self._conn
 
     async def _confirm_channel(self) -> AbstractChannel:
-        """Return the shared channel for claims and records (publisher confirms on)."""
-        channel = self._channel
-        if channel is not None and not channel.is_closed and \
-                not (await self._connection()).is_closed:
+        """Return the next channel of the pool (publisher confirms on), opening it if needed."""
+        index = self._next_channel = (self._next_channel + 1) % len(self._channels)
+        conn = await self._connection()
+        channel = self._channels[index]
+        if channel is not None and not channel.is_closed:
             return channel
         async with self._lock:
-            if self._channel is None or self._channel.is_closed:
-                conn = await self._connection()
-                self._channel = await conn.channel(publisher_confirms=True,
-                                                   on_return_raises=True)
-            return self._channel
+            channel = self._channels[index]
+            if channel is None or channel.is_closed:
+                channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                self._channels[index] = channel
+            return channel
 
     async def _declare(self, name: str, arguments: dict[str, Any]) -> None:
         """Declare ``name``; if it exists with other arguments, accept it as it is."""
@@ -286,14 +299,16 @@ class RabbitMQBackend(ClaimOnlyBackend):
 
     async def stop(self) -> None:
         """Close the connection this backend opened (never one passed in)."""
-        conn, channel = self._conn, self._channel
-        self._conn, self._channel = None, None
+        conn, channels = self._conn, self._channels
+        self._conn, self._channels = None, [None] * len(channels)
         self._streams.clear()
         if conn is not None and not conn.is_closed:
             await conn.close()
-        elif self._given is not None and channel is not None and not channel.is_closed:
-            with contextlib.suppress(Exception):
-                await channel.close()
+        elif self._given is not None:
+            for channel in channels:
+                if channel is not None and not channel.is_closed:
+                    with contextlib.suppress(Exception):
+                        await channel.close()
 
     def check_job(self, name: str, options: JobOptions) -> None:
         """Refuse a job whose late claims could outlive its run queues."""

@@ -6,15 +6,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeVar
+
+import nats
 
 from anarchon_core.backends.nats import NatsBackend
 
 from . import StoreHandle, StoreSpec, unavailable
-from .rabbitmq import run_sync
 
 URL = os.environ.get("ANARCHON_TEST_NATS", "nats://127.0.0.1:4222")
+T = TypeVar("T")
+
+
+def run_sync(make: Callable[[], Awaitable[T]], timeout: float = 60) -> T:
+    """Run a coroutine to completion from sync code, even inside a running event loop."""
+
+    async def main() -> T:
+        return await make()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main()).result(timeout)
 
 
 def stream_of(ns: str) -> str:
@@ -22,8 +36,6 @@ def stream_of(ns: str) -> str:
 
 
 async def delete_streams(url: str, names: list[str]) -> None:
-    import nats
-
     nc = await nats.connect(url, allow_reconnect=False)
     try:
         js = nc.jetstream()
@@ -35,8 +47,6 @@ async def delete_streams(url: str, names: list[str]) -> None:
 
 
 async def write_format(url: str, stream: str, value: str) -> None:
-    import nats
-
     nc = await nats.connect(url, allow_reconnect=False)
     try:
         js = nc.jetstream()
@@ -49,8 +59,6 @@ async def write_format(url: str, stream: str, value: str) -> None:
 @contextmanager
 def _open() -> Iterator[StoreHandle]:
     async def ping() -> None:
-        import nats
-
         nc = await asyncio.wait_for(nats.connect(URL, allow_reconnect=False), 5)
         await nc.jetstream().account_info()
         await nc.close()

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import aio_pika
+
 from anarchon_core.backends.rabbitmq import RabbitMQBackend
 from anarchon_core.url import mask_url
 
@@ -56,8 +58,6 @@ class Namespaces:
 
 
 async def delete_queues(names: list[str]) -> None:
-    import aio_pika
-
     conn = await aio_pika.connect(URL)
     try:
         for name in names:
@@ -71,8 +71,6 @@ async def delete_queues(names: list[str]) -> None:
 
 
 async def write_format(prefix: str, value: str) -> None:
-    import aio_pika
-
     conn = await aio_pika.connect(URL)
     try:
         channel = await conn.channel()
@@ -98,8 +96,6 @@ def tracked_backend(spaces: Namespaces, ns: str, **options: Any) -> RabbitMQBack
 @contextmanager
 def _open() -> Iterator[StoreHandle]:
     async def ping() -> None:
-        import aio_pika
-
         conn = await asyncio.wait_for(aio_pika.connect(URL), 5)
         await conn.close()
 

@@ -1,0 +1,566 @@
+"""The checker: judges a chaos run from the ledgers, the store's history and the fault log.
+
+``python -m chaos.check WORKDIR [WORKDIR ...]`` re-checks saved runs (each workdir holds
+``run.json``, ``faults.jsonl``, ``history.json`` and the ``ledger/`` directory) and prints
+one table per run and a summary with one row per backend.
+
+What it counts, per job (slots are the job's scheduled times, ms since the epoch):
+
+* **due**: grid slots inside the chaos window; **run**: slots whose handler started
+  (ledger); **success**: slots with a ``success`` in history.
+* **dup success**: slots with two ``success`` records in history, or whose handlers wrote
+  two ``end`` lines (the side effect made twice). Must be 0.
+* **fenced after takeover**: ledger lines an attempt wrote after a later attempt of the
+  same slot had been claimed (ordered by the machine-wide monotonic clock). A ``start`` line
+  there is a zombie that woke up and began work it then lost at its first lease check
+  (shown); an ``end`` line is a side effect made after the takeover, which fencing must
+  prevent (counted as a failure).
+* **lost**: lease backends: an attempt whose handler started but that history does not
+  know, or a slot whose last attempt is neither finished nor ``interrupted`` after the
+  fleet settled. Claim-only backends: a run started but absent from history. Must be 0.
+  On claim-only backends a run whose runner died stays ``running`` in history: counted as
+  **abandoned** (no takeover exists there), not lost.
+* **takeovers**: attempts > 1. The delay after lease expiry is ``takeover claim time -
+  (fault time + lease_ms)`` for takeovers caused by SIGKILL or SIGSTOP of the previous
+  runner: the runner's last heartbeat was at most ``heartbeat_ms`` before the fault, so
+  the true delay is between this figure and this figure + ``heartbeat_ms``. A takeover
+  more than ``heartbeat_ms`` before that expiry would mean a live lease was broken.
+* **missed**: due slots with no record at all, with the reason: the store was down
+  during their claim window, no instance was alive and unpaused, or unexplained.
+* Clock checks (skewed instances): the skew each instance's ledger shows
+  (``time_ms`` against its monotonic stamp), attempts started before their slot by the
+  store's clock (early), and first attempts started after ``max_late_ms`` (the store should
+  have answered ``late``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from anarchon_core.cli.fleet import LedgerEntry, read_ledger
+
+from .faults import FaultEvent, FaultLog
+
+__all__ = ["BackendReport", "JobReport", "check_run", "format_report", "format_summary",
+           "main"]
+
+EARLY_TOLERANCE_MS = 50
+LATE_TOLERANCE_MS = 250
+SKEW_TOLERANCE_MS = 1_500
+
+
+@dataclass
+class HistoryRun:
+    """One history entry as saved in ``history.json``."""
+
+    job: str
+    slot: int
+    attempt: int
+    status: str
+    runner: str
+    started_ms: float | None
+    finished_ms: float | None
+    error: str | None
+    manual: bool
+
+    @property
+    def pid(self) -> int | None:
+        """The runner's PID when its instance id is the default ``host:pid``."""
+        tail = self.runner.rsplit(":", 1)[-1]
+        return int(tail) if tail.isdigit() else None
+
+
+def _ms(value: str | None) -> float | None:
+    return None if value is None else datetime.fromisoformat(value).timestamp() * 1000
+
+
+@dataclass
+class JobReport:
+    """The verdict on one job of one run."""
+
+    name: str
+    due: int = 0
+    run: int = 0
+    successes: int = 0
+    dup_success: list[str] = field(default_factory=list)
+    fenced_starts: list[str] = field(default_factory=list)
+    fenced_effects: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    abandoned: int = 0
+    takeovers: int = 0
+    takeover_delays_ms: list[float] = field(default_factory=list)
+    handover_delays_ms: list[float] = field(default_factory=list)
+    early_takeovers: list[str] = field(default_factory=list)
+    takeover_causes: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    interrupted: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    missed: Counter[str] = field(default_factory=Counter)
+    unexplained_missed: list[int] = field(default_factory=list)
+    early_starts: list[str] = field(default_factory=list)
+    late_starts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BackendReport:
+    """The verdict on one chaos run (one backend)."""
+
+    backend: str
+    seed: int
+    leases: bool
+    seconds: float
+    jobs: list[JobReport]
+    faults: Counter[str]
+    notes: list[str]
+    skew: list[str]
+    skew_problems: list[str]
+    command: str
+
+    def total(self, name: str) -> int:
+        """Sum of a count (int attribute or list length) over the jobs."""
+        values = [getattr(j, name) for j in self.jobs]
+        return sum(v if isinstance(v, int) else len(v) for v in values)
+
+    @property
+    def delays(self) -> list[float]:
+        """Every measured takeover delay after lease expiry."""
+        return [d for j in self.jobs for d in j.takeover_delays_ms]
+
+    def failures(self) -> list[str]:
+        """Why this run fails (empty when it passes)."""
+        out = []
+        for j in self.jobs:
+            out += [f"{j.name}: duplicate success {d}" for d in j.dup_success]
+            out += [f"{j.name}: lost run {d}" for d in j.lost]
+            out += [f"{j.name}: fenced side effect after takeover {d}" for d in j.fenced_effects]
+            out += [f"{j.name}: takeover before lease expiry {d}" for d in j.early_takeovers]
+        out += self.skew_problems
+        return out
+
+
+def _grid(interval_ms: int, offset_ms: int, lo: float, hi: float) -> list[int]:
+    first = -(-(int(lo) - offset_ms) // interval_ms) * interval_ms + offset_ms
+    return list(range(first, int(hi) + 1, interval_ms))
+
+
+class _Clock:
+    """Converts between the harness's wall clock and the machine's monotonic clock."""
+
+    def __init__(self, wall_ms: float, mono_ns: int) -> None:
+        self.wall_ms, self.mono_ns = wall_ms, mono_ns
+
+    def wall(self, mono_ns: int) -> float:
+        return self.wall_ms + (mono_ns - self.mono_ns) / 1e6
+
+    def mono(self, wall_ms: float) -> int:
+        return self.mono_ns + round((wall_ms - self.wall_ms) * 1e6)
+
+
+def _intervals(events: list[FaultEvent], start: str, end: str,
+               pid: bool = False) -> dict[int | None, list[tuple[float, float]]]:
+    out: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
+    open_: dict[int | None, float] = {}
+    for e in events:
+        key = e.pid if pid else None
+        if e.kind == start:
+            open_[key] = e.wall_ms
+        elif e.kind in (end, "settle") and key in open_:
+            out[key].append((open_.pop(key), e.wall_ms))
+    for key, began in open_.items():
+        out[key].append((began, float("inf")))
+    return out
+
+
+def _overlaps(spans: list[tuple[float, float]], lo: float, hi: float) -> bool:
+    return any(a <= hi and b >= lo for a, b in spans)
+
+
+def check_run(workdir: Path) -> BackendReport:
+    """Judge the saved run in ``workdir``."""
+    meta = json.loads((workdir / "run.json").read_text())
+    events = FaultLog.load(workdir / "faults.jsonl")
+    ledger = read_ledger(workdir / "ledger")
+    raw_history: dict[str, list[dict[str, Any]]] = json.loads(
+        (workdir / "history.json").read_text())
+    clock = _Clock(meta["clock0"]["wall_ms"], meta["clock0"]["mono_ns"])
+    leases: bool = meta["leases"]
+    lease_ms: int = meta.get("lease_ms") or 0
+    heartbeat_ms: int = meta.get("heartbeat_ms") or 0
+    begin, end = meta["window"]
+    store_down = _intervals(events, "store_down", "store_up").get(None, [])
+    paused = _intervals(events, "pause", "resume", pid=True)
+    lifetimes = _lifetimes(events)
+
+    jobs = []
+    for spec in meta["jobs"]:
+        name = spec["name"]
+        history = [HistoryRun(
+            job=r["job"], slot=r["slot"], attempt=r["attempt"], status=r["status"],
+            runner=r["runner"], started_ms=_ms(r["started_at"]),
+            finished_ms=_ms(r["finished_at"]), error=r["error"], manual=r["manual"],
+        ) for r in raw_history.get(name, []) if not r["manual"]]
+        entries = [e for e in ledger if e.job == name and not e.manual]
+        jobs.append(_check_job(
+            spec, history, entries, leases=leases, lease_ms=lease_ms,
+            heartbeat_ms=heartbeat_ms, window=(begin, end), clock=clock, events=events,
+            store_down=store_down, paused=paused, lifetimes=lifetimes,
+            history_complete=meta.get("history_complete", True),
+        ))
+    skew, skew_problems = _check_skew(events, ledger, clock, meta.get("skew", False))
+    faults = Counter(e.kind for e in events
+                     if e.kind in ("kill", "pause", "stop", "store_down", "skew_step"))
+    return BackendReport(
+        backend=meta["backend"], seed=meta["seed"], leases=leases, seconds=meta["seconds"],
+        jobs=jobs, faults=faults, notes=meta.get("notes", []), skew=skew,
+        skew_problems=skew_problems, command=meta.get("command", ""),
+    )
+
+
+def _lifetimes(events: list[FaultEvent]) -> dict[int, tuple[float, float]]:
+    """pid → (spawned, gone) wall ms."""
+    out: dict[int, tuple[float, float]] = {}
+    for e in events:
+        if e.pid is None:
+            continue
+        if e.kind == "spawn":
+            out[e.pid] = (e.wall_ms, float("inf"))
+        elif e.kind in ("kill", "exited") and e.pid in out:
+            began, gone = out[e.pid]
+            out[e.pid] = (began, min(gone, e.wall_ms))
+    return out
+
+
+def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[LedgerEntry], *,
+               leases: bool, lease_ms: int, heartbeat_ms: int, window: tuple[float, float],
+               clock: _Clock, events: list[FaultEvent],
+               store_down: list[tuple[float, float]],
+               paused: dict[int | None, list[tuple[float, float]]],
+               lifetimes: dict[int, tuple[float, float]], history_complete: bool) -> JobReport:
+    name = spec["name"]
+    interval, max_late, jitter = spec["interval_ms"], spec["max_late_ms"], spec["jitter_ms"]
+    report = JobReport(name)
+    by_slot: dict[int, list[HistoryRun]] = defaultdict(list)
+    for r in history:
+        by_slot[r.slot].append(r)
+    starts: dict[int, list[LedgerEntry]] = defaultdict(list)
+    ends: dict[int, list[LedgerEntry]] = defaultdict(list)
+    for e in entries:
+        (starts if e.event == "start" else ends)[e.slot].append(e)
+
+    due = _grid(interval, spec.get("offset_ms", 0), *window)
+    report.due = len(due)
+    report.run = len([s for s in due if starts.get(s)])
+    report.successes = len([s for s in due if any(r.status == "success" for r in by_slot[s])])
+
+    for slot in sorted(set(by_slot) | set(starts) | set(ends)):
+        runs = sorted(by_slot.get(slot, []), key=lambda r: r.attempt)
+        succ = [r for r in runs if r.status == "success"]
+        if len(succ) > 1:
+            report.dup_success.append(
+                f"slot {slot}: {len(succ)} successes in history "
+                f"(attempts {[r.attempt for r in succ]}, runners {[r.runner for r in succ]})")
+        slot_ends = ends.get(slot, [])
+        if len({e.token for e in slot_ends}) > 1:
+            report.dup_success.append(
+                f"slot {slot}: side effect made {len(slot_ends)} times (ledger end lines of "
+                f"attempts {[e.attempt for e in slot_ends]} by pids {[e.pid for e in slot_ends]})")
+        if not leases and len({e.token for e in starts.get(slot, [])}) > 1:
+            report.dup_success.append(
+                f"slot {slot}: claim-only run started {len(starts[slot])} times "
+                f"(pids {[e.pid for e in starts[slot]]})")
+        for r in runs:
+            if r.status in ("failed", "skipped"):
+                kind = (r.error or "?").split(":")[0]
+                (report.failed if r.status == "failed" else report.skipped)[kind] += 1
+            elif r.status == "interrupted":
+                report.interrupted += 1
+        _check_attempts(report, slot, runs, starts.get(slot, []), slot_ends, leases=leases,
+                        clock=clock, history_complete=history_complete)
+        if leases:
+            _check_takeovers(report, slot, runs, starts.get(slot, []), lease_ms=lease_ms,
+                             heartbeat_ms=heartbeat_ms, events=events, store_down=store_down)
+        elif any(r.attempt > 1 for r in runs):
+            report.dup_success.append(f"slot {slot}: attempt > 1 on a claim-only backend")
+        first = next((r for r in runs if r.attempt == 1 and r.started_ms is not None), None)
+        if first is not None and first.status != "skipped" and first.started_ms is not None:
+            if first.started_ms < slot - EARLY_TOLERANCE_MS:
+                report.early_starts.append(
+                    f"slot {slot}: claimed {slot - first.started_ms:.0f} ms before its time "
+                    f"by {first.runner}")
+            elif leases and first.started_ms > slot + max_late + LATE_TOLERANCE_MS:
+                report.late_starts.append(
+                    f"slot {slot}: claimed {first.started_ms - slot:.0f} ms after its time "
+                    f"(max_late_ms={max_late}) by {first.runner}")
+
+    for slot in due:
+        if by_slot.get(slot) or starts.get(slot):
+            continue
+        lo, hi = slot, slot + max_late + jitter
+        if _overlaps(store_down, lo - 1_000, hi):
+            report.missed["store down"] += 1
+        elif not any(a <= hi and b >= lo and not _overlaps(paused.get(pid, []), lo, hi)
+                     for pid, (a, b) in lifetimes.items()):
+            report.missed["no healthy instance"] += 1
+        else:
+            report.missed["unexplained"] += 1
+            report.unexplained_missed.append(slot)
+    return report
+
+
+def _check_attempts(report: JobReport, slot: int, runs: list[HistoryRun],
+                    starts: list[LedgerEntry], ends: list[LedgerEntry], *, leases: bool,
+                    clock: _Clock, history_complete: bool) -> None:
+    known = {r.attempt: r for r in runs}
+    for s in starts:
+        r = known.get(s.attempt)
+        if r is None and history_complete:
+            report.lost.append(f"slot {slot} attempt {s.attempt}: handler started on pid "
+                               f"{s.pid} but history has no record of it")
+        elif r is not None and r.status == "running":
+            if leases:
+                report.lost.append(f"slot {slot} attempt {s.attempt}: still 'running' in "
+                                   "history after the fleet settled")
+            elif not any(e.token == s.token for e in ends):
+                report.abandoned += 1
+    for r in runs:
+        if r.status == "success" and not any(e.attempt == r.attempt for e in ends):
+            report.lost.append(f"slot {slot} attempt {r.attempt}: 'success' in history but "
+                               "its handler never wrote its end (work not done)")
+    if leases and runs and runs[-1].status == "running" and not starts:
+        report.lost.append(f"slot {slot} attempt {runs[-1].attempt}: 'running' in history "
+                           "after the fleet settled, and no handler ever started")
+    # Work by an attempt after a later attempt of the slot was claimed.
+    for later in runs:
+        if later.attempt < 2:
+            continue
+        marks = [e.mono_ns for e in starts if e.attempt == later.attempt and e.mono_ns]
+        if later.started_ms is not None:
+            marks.append(clock.mono(later.started_ms))
+        if not marks:
+            continue
+        taken_at = min(marks)
+        for e in [*starts, *ends]:
+            if e.attempt < later.attempt and e.mono_ns and e.mono_ns > taken_at:
+                line = (f"slot {slot}: attempt {e.attempt} (pid {e.pid}) wrote '{e.event}' "
+                        f"{(e.mono_ns - taken_at) / 1e6:.0f} ms after attempt "
+                        f"{later.attempt} took over")
+                (report.fenced_effects if e.event == "end" else report.fenced_starts).append(
+                    line)
+
+
+def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
+                     starts: list[LedgerEntry], *, lease_ms: int, heartbeat_ms: int,
+                     events: list[FaultEvent], store_down: list[tuple[float, float]]) -> None:
+    known = {r.attempt: r for r in runs}
+    for r in runs:
+        if r.attempt < 2:
+            continue
+        report.takeovers += 1
+        prev = known.get(r.attempt - 1)
+        taken = r.started_ms
+        if prev is None or taken is None:
+            report.takeover_causes["unknown"] += 1
+            continue
+        pid = prev.pid
+        faults = [e for e in events if e.pid == pid and e.pid is not None
+                  and e.kind in ("kill", "pause", "stop") and e.wall_ms <= taken]
+        if "handed over" in (prev.error or "") or (faults and faults[-1].kind == "stop"):
+            report.takeover_causes["hand-over (SIGTERM)"] += 1
+            if faults and faults[-1].kind == "stop":
+                report.handover_delays_ms.append(taken - faults[-1].wall_ms)
+            continue
+        if faults and (prev.started_ms is None or faults[-1].wall_ms >= prev.started_ms - 1):
+            fault = faults[-1]
+            report.takeover_causes[f"{fault.kind}"] += 1
+            delay = taken - (fault.wall_ms + lease_ms)
+            report.takeover_delays_ms.append(delay)
+            if delay < -(heartbeat_ms + LATE_TOLERANCE_MS):
+                report.early_takeovers.append(
+                    f"slot {slot} attempt {r.attempt}: claimed {-delay:.0f} ms before the "
+                    f"lease of pid {pid} (last heartbeat ≤ {fault.kind} time) could expire")
+            continue
+        lo = prev.started_ms if prev.started_ms is not None else taken - 60_000
+        if _overlaps(store_down, lo, taken):
+            report.takeover_causes["store restart"] += 1
+        else:
+            report.takeover_causes["other (heartbeats late: CPU or store latency)"] += 1
+
+
+def _check_skew(events: list[FaultEvent], ledger: list[LedgerEntry], clock: _Clock,
+                enabled: bool) -> tuple[list[str], list[str]]:
+    """Compare each skewed instance's requested shift with what its ledger lines show."""
+    if not enabled:
+        return [], []
+    wanted: dict[int, list[tuple[float, int]]] = defaultdict(list)  # pid → [(since, skew)]
+    for e in events:
+        if e.pid is not None and e.kind in ("spawn", "skew_step"):
+            wanted[e.pid].append((e.wall_ms, e.detail.get("skew_ms") or 0))
+    lines: list[str] = []
+    problems: list[str] = []
+    observed_all: list[float] = []
+    checked = 0
+    for pid, plan in sorted(wanted.items()):
+        mine = [e for e in ledger if e.pid == pid and e.mono_ns]
+        if not mine or not any(s for _, s in plan):
+            continue
+        for e in mine:
+            at = clock.wall(e.mono_ns or 0)
+            # The shift in force then (a step takes up to a second to be read).
+            current = [s for since, s in plan if since <= at - 1_500]
+            if not current:
+                continue
+            observed = e.time_ms - at
+            observed_all.append(observed)
+            checked += 1
+            if abs(observed - current[-1]) > SKEW_TOLERANCE_MS and \
+                    not any(abs(observed - s) <= SKEW_TOLERANCE_MS for _, s in plan):
+                problems.append(f"pid {pid}: ledger shows clock shift {observed:.0f} ms, "
+                                f"expected {current[-1]} ms")
+    skewed = [pid for pid, plan in wanted.items() if any(s for _, s in plan)]
+    lines.append(f"{len(skewed)} instances ran with a shifted clock; {checked} ledger lines "
+                 "checked against the requested shift")
+    if observed_all:
+        lines.append(f"shift seen inside the instances: {min(observed_all):+.0f} … "
+                     f"{max(observed_all):+.0f} ms")
+    return lines, problems[:20]
+
+
+# ---------------------------------------------------------------------- printing
+
+def _fmt_delays(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.0f}/{max(values):.0f}"
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.rjust(w) if i else c.ljust(w)
+                     for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [_row(header, widths), _row(["-" * w for w in widths], widths)]
+    lines += [_row(r, widths) for r in rows]
+    return "\n".join(lines)
+
+
+HEADER = ["job", "due", "run", "success", "dup success", "fenced after takeover",
+          "lost", "abandoned", "takeovers", "delay ms med/max", "failed", "interrupted",
+          "skipped", "missed"]
+
+
+def _job_row(j: JobReport) -> list[str]:
+    return [
+        j.name, str(j.due), str(j.run), str(j.successes), str(len(j.dup_success)),
+        f"{len(j.fenced_effects)} end / {len(j.fenced_starts)} start",
+        str(len(j.lost)), str(j.abandoned), str(j.takeovers),
+        _fmt_delays(j.takeover_delays_ms), str(sum(j.failed.values())),
+        str(j.interrupted), str(sum(j.skipped.values())), str(sum(j.missed.values())),
+    ]
+
+
+def format_report(report: BackendReport) -> str:
+    """The full result table of one run, with the details behind every non-zero count."""
+    kind = "lease" if report.leases else "claim-only"
+    out = [f"== {report.backend} ({kind}), seed {report.seed}, {report.seconds:.0f} s of "
+           f"faults: " + ", ".join(f"{k} {v}" for k, v in sorted(report.faults.items()))]
+    rows = [_job_row(j) for j in report.jobs]
+    total = JobReport("TOTAL")
+    for j in report.jobs:
+        for attr in ("due", "run", "successes", "abandoned", "takeovers", "interrupted"):
+            setattr(total, attr, getattr(total, attr) + getattr(j, attr))
+        for attr in ("dup_success", "fenced_effects", "fenced_starts", "lost",
+                     "takeover_delays_ms"):
+            getattr(total, attr).extend(getattr(j, attr))
+        total.failed.update(j.failed)
+        total.skipped.update(j.skipped)
+        total.missed.update(j.missed)
+    rows.append(_job_row(total))
+    out.append(_table(HEADER, rows))
+    causes: Counter[str] = Counter()
+    for j in report.jobs:
+        causes.update(j.takeover_causes)
+    if causes:
+        out.append("takeovers by cause: " + ", ".join(f"{k} {v}" for k, v in causes.items()))
+    handovers = [d for j in report.jobs for d in j.handover_delays_ms]
+    if handovers:
+        out.append(f"hand-over delay after SIGTERM ms (median/max): {_fmt_delays(handovers)}")
+    details: list[tuple[str, list[str]]] = []
+    for j in report.jobs:
+        details += [
+            (f"{j.name} DUPLICATE SUCCESS", j.dup_success),
+            (f"{j.name} LOST", j.lost),
+            (f"{j.name} FENCED SIDE EFFECT AFTER TAKEOVER", j.fenced_effects),
+            (f"{j.name} TAKEOVER BEFORE LEASE EXPIRY", j.early_takeovers),
+            (f"{j.name} fenced start after takeover (zombie woke up; stopped at its "
+             "first lease check)", j.fenced_starts),
+            (f"{j.name} started before its slot (store clock)", j.early_starts),
+            (f"{j.name} started later than max_late_ms", j.late_starts),
+            (f"{j.name} missed slots, unexplained", [str(s) for s in j.unexplained_missed]),
+        ]
+        if j.failed:
+            out.append(f"{j.name}: failed by reason: " +
+                       ", ".join(f"{k} {v}" for k, v in j.failed.items()))
+        if j.skipped:
+            out.append(f"{j.name}: skipped by reason: " +
+                       ", ".join(f"{k} {v}" for k, v in j.skipped.items()))
+        if j.missed:
+            out.append(f"{j.name}: missed (never claimed) by reason: " +
+                       ", ".join(f"{k} {v}" for k, v in j.missed.items()))
+    for title, items in details:
+        if items:
+            out.append(f"{title}: {len(items)}")
+            out += [f"  {line}" for line in items[:15]]
+            if len(items) > 15:
+                out.append(f"  ... and {len(items) - 15} more")
+    out += report.skew
+    out += [f"SKEW NOT APPLIED: {p}" for p in report.skew_problems]
+    out += [f"note: {n}" for n in report.notes]
+    failures = report.failures()
+    out.append(f"RESULT {report.backend}: " +
+               ("PASS" if not failures else f"FAIL ({len(failures)} problems)"))
+    if report.command:
+        out.append(f"reproduce: {report.command}")
+    return "\n".join(out)
+
+
+def format_summary(reports: list[BackendReport]) -> str:
+    """One row per backend."""
+    header = ["backend", "kind", "seed", "seconds", "due", "run", "success", "dup success",
+              "fenced end/start", "lost", "takeovers", "delay ms med/max", "result"]
+    rows = []
+    for r in reports:
+        rows.append([
+            r.backend, "lease" if r.leases else "claim", str(r.seed), f"{r.seconds:.0f}",
+            str(r.total("due")), str(r.total("run")), str(r.total("successes")),
+            str(r.total("dup_success")),
+            f"{r.total('fenced_effects')}/{r.total('fenced_starts')}", str(r.total("lost")),
+            str(r.total("takeovers")), _fmt_delays(r.delays),
+            "PASS" if not r.failures() else "FAIL",
+        ])
+    return _table(header, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaos.check WORKDIR...``: print the tables; exit 1 on any failure."""
+    dirs = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not dirs:
+        print("usage: python -m chaos.check WORKDIR [WORKDIR ...]", file=sys.stderr)
+        return 2
+    reports = [check_run(d) for d in dirs]
+    for r in reports:
+        print(format_report(r), end="\n\n")
+    print(format_summary(reports))
+    return 1 if any(r.failures() for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
