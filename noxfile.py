@@ -42,3 +42,10 @@ def bench(session: nox.Session) -> None:
     """The benchmarks (tables on stdout)."""
     session.install("-e", ".[dev]")
     session.run("python", "-m", "bench.core")
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """The chaos harness: ``nox -s chaos -- --backend redis --profile long`` (docs/chaos.md)."""
+    session.install("-e", ".[dev]")
+    session.run("python", "-m", "chaos.run", *session.posargs)

@@ -119,7 +119,7 @@ class SqlQueries:
         out = {}
         for key, template in _TEMPLATES.items():
             sql = template.format(**names)
-            out[key] = re.sub(r":([a-z_]+)", lambda m: placeholder.format(m.group(1)), sql)
+            out[key] = re.sub(r"(?<!:):([a-z_]+)", lambda m: placeholder.format(m.group(1)), sql)
         return cls(out)
 
     def __getitem__(self, name: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from .backend import Backend
 from .errors import ConfigError
@@ -57,7 +57,7 @@ def split_namespace_params(url: str) -> tuple[str, dict[str, str]]:
     rest: list[tuple[str, str]] = []
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         (ours.__setitem__(key, value) if key in NAMESPACE_PARAMS else rest.append((key, value)))
-    return urlunsplit(parts._replace(query=urlencode(rest))), ours
+    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), ours
 
 
 def backend_from_url(url: str, **options: Any) -> Backend:

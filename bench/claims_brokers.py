@@ -8,7 +8,7 @@ included), a lost claim (a slot another backend already holds), and the floor: o
 confirmed publish over the same connection (RabbitMQ: a persistent message to a durable
 classic queue with publisher confirms; NATS: a JetStream publish to the same stream).
 The ratio column is each median over the floor's median. Everything the run creates is
-deleted at the end (run queues expire by themselves after 10 s).
+deleted at the end (run queues expire by themselves 2 minutes later).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ async def bench_rabbitmq(url: str, count: int, concurrency: int) -> None:
     from anarchon_core.backends.rabbitmq import RabbitMQBackend
 
     prefix = f"bench{uuid.uuid4().hex[:8]}."
-    winner = RabbitMQBackend(url, prefix=prefix, run_expires_ms=10_000)
-    loser = RabbitMQBackend(url, prefix=prefix, run_expires_ms=10_000)
+    winner = RabbitMQBackend(url, prefix=prefix, run_expires_ms=120_000)
+    loser = RabbitMQBackend(url, prefix=prefix, run_expires_ms=120_000)
     await winner.start()
     await loser.start()
     floor_queue = f"{prefix}floor"

@@ -20,17 +20,20 @@ What it counts, per job (slots are the job's scheduled times, ms since the epoch
   fleet settled. Claim-only backends: a run started but absent from history. Must be 0.
   On claim-only backends a run whose runner died stays ``running`` in history: counted as
   **abandoned** (no takeover exists there), not lost.
-* **takeovers**: attempts > 1. The delay after lease expiry is ``takeover claim time -
-  (fault time + lease_ms)`` for takeovers caused by SIGKILL or SIGSTOP of the previous
-  runner: the runner's last heartbeat was at most ``heartbeat_ms`` before the fault, so
-  the true delay is between this figure and this figure + ``heartbeat_ms``. A takeover
-  more than ``heartbeat_ms`` before that expiry would mean a live lease was broken.
+* **takeovers**: attempts > 1. For takeovers caused by SIGKILL or SIGSTOP of the previous
+  runner, the delay after lease expiry is ``takeover claim time - (fault time + lease_ms -
+  heartbeat_ms)``: the runner's last heartbeat was at most ``heartbeat_ms`` before the
+  fault, so its lease ended in ``[fault + lease_ms - heartbeat_ms, fault + lease_ms]`` and
+  this figure is the longest delay consistent with that (the true one is at most
+  ``heartbeat_ms`` shorter). A takeover clearly before that window (negative beyond a
+  tolerance) would mean a live lease was broken and fails the run.
 * **missed**: due slots with no record at all, with the reason: the store was down
   during their claim window, no instance was alive and unpaused, or unexplained.
-* Clock checks (skewed instances): the skew each instance's ledger shows
-  (``time_ms`` against its monotonic stamp), attempts started before their slot by the
-  store's clock (early), and first attempts started after ``max_late_ms`` (the store should
-  have answered ``late``).
+* Clock checks: the shift each skewed instance's ledger shows (``time_ms`` against its
+  monotonic stamp, which libfaketime leaves alone); handlers that began before their slot
+  (**early**), and first attempts that began later than ``max_late_ms`` after it, both by
+  real time (the monotonic stamp on the harness's clock). Shown, not failed: running early
+  is not running twice, but it is reported with the runner's clock history.
 """
 
 from __future__ import annotations
@@ -224,7 +227,7 @@ def check_run(workdir: Path) -> BackendReport:
 
 
 def _lifetimes(events: list[FaultEvent]) -> dict[int, tuple[float, float]]:
-    """pid → (spawned, gone) wall ms."""
+    """Each PID's life: (spawned, gone), wall ms."""
     out: dict[int, tuple[float, float]] = {}
     for e in events:
         if e.pid is None:
@@ -275,7 +278,7 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
             report.dup_success.append(
                 f"slot {slot}: claim-only run started {len(starts[slot])} times "
                 f"(pids {[e.pid for e in starts[slot]]})")
-        for r in runs:
+        for r in runs if window[0] <= slot <= window[1] else []:
             if r.status in ("failed", "skipped"):
                 kind = (r.error or "?").split(":")[0]
                 (report.failed if r.status == "failed" else report.skipped)[kind] += 1
@@ -288,16 +291,8 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
                              heartbeat_ms=heartbeat_ms, events=events, store_down=store_down)
         elif any(r.attempt > 1 for r in runs):
             report.dup_success.append(f"slot {slot}: attempt > 1 on a claim-only backend")
-        first = next((r for r in runs if r.attempt == 1 and r.started_ms is not None), None)
-        if first is not None and first.status != "skipped" and first.started_ms is not None:
-            if first.started_ms < slot - EARLY_TOLERANCE_MS:
-                report.early_starts.append(
-                    f"slot {slot}: claimed {slot - first.started_ms:.0f} ms before its time "
-                    f"by {first.runner}")
-            elif leases and first.started_ms > slot + max_late + LATE_TOLERANCE_MS:
-                report.late_starts.append(
-                    f"slot {slot}: claimed {first.started_ms - slot:.0f} ms after its time "
-                    f"(max_late_ms={max_late}) by {first.runner}")
+        _check_timing(report, slot, starts.get(slot, []), leases=leases, max_late=max_late,
+                      clock=clock, events=events)
 
     for slot in due:
         if by_slot.get(slot) or starts.get(slot):
@@ -314,6 +309,40 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
     return report
 
 
+def _check_timing(report: JobReport, slot: int, starts: list[LedgerEntry], *, leases: bool,
+                  max_late: int, clock: _Clock, events: list[FaultEvent]) -> None:
+    """Handlers that began before their slot, or a first attempt past ``max_late_ms``.
+
+    Judged by real time (the ledger's monotonic stamp on the harness's clock), whatever
+    the runner's own wall clock said.
+    """
+    timed = sorted((clock.wall(e.mono_ns), e) for e in starts if e.mono_ns)
+    if not timed:
+        return
+    began, first = timed[0]
+    shift = _shift_of(events, first.pid, began)
+    if began < slot - EARLY_TOLERANCE_MS:
+        report.early_starts.append(
+            f"slot {slot}: handler began {slot - began:.0f} ms before its time on pid "
+            f"{first.pid} ({shift})")
+    elif first.attempt == 1 and began > slot + max_late + LATE_TOLERANCE_MS:
+        report.late_starts.append(
+            f"slot {slot}: first attempt began {began - slot:.0f} ms after its time "
+            f"(max_late_ms={max_late}) on pid {first.pid} ({shift})")
+
+
+def _shift_of(events: list[FaultEvent], pid: int, at: float) -> str:
+    """How the clock of ``pid`` was shifted at ``at`` (for the reader of a timing problem)."""
+    spawn = next((e for e in events if e.kind == "spawn" and e.pid == pid), None)
+    steps = [e for e in events if e.kind == "skew_step" and e.pid == pid and e.wall_ms <= at]
+    if steps:
+        return (f"its clock was stepped to {steps[-1].detail.get('skew_ms')} ms "
+                f"{(at - steps[-1].wall_ms) / 1000:.0f} s before; started at "
+                f"{spawn.detail.get('skew_ms') if spawn else '?'} ms")
+    skew = spawn.detail.get("skew_ms") if spawn else None
+    return f"clock shifted {skew} ms since start" if skew else "clock not shifted"
+
+
 def _check_attempts(report: JobReport, slot: int, runs: list[HistoryRun],
                     starts: list[LedgerEntry], ends: list[LedgerEntry], *, leases: bool,
                     clock: _Clock, history_complete: bool) -> None:
@@ -323,12 +352,12 @@ def _check_attempts(report: JobReport, slot: int, runs: list[HistoryRun],
         if r is None and history_complete:
             report.lost.append(f"slot {slot} attempt {s.attempt}: handler started on pid "
                                f"{s.pid} but history has no record of it")
-        elif r is not None and r.status == "running":
-            if leases:
-                report.lost.append(f"slot {slot} attempt {s.attempt}: still 'running' in "
-                                   "history after the fleet settled")
-            elif not any(e.token == s.token for e in ends):
-                report.abandoned += 1
+        elif r is not None and r.status == "running" and leases:
+            report.lost.append(f"slot {slot} attempt {s.attempt}: still 'running' in "
+                               "history after the fleet settled")
+    if not leases and any(r.status == "running" for r in runs):
+        # The runner died before recording the end (with or without doing the work).
+        report.abandoned += 1
     for r in runs:
         if r.status == "success" and not any(e.attempt == r.attempt for e in ends):
             report.lost.append(f"slot {slot} attempt {r.attempt}: 'success' in history but "
@@ -376,12 +405,19 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             if faults and faults[-1].kind == "stop":
                 report.handover_delays_ms.append(taken - faults[-1].wall_ms)
             continue
+        if prev.started_ms is not None and prev.started_ms < slot - EARLY_TOLERANCE_MS:
+            # Claimed before its time: no backup watches a slot before it is due, so the
+            # takeover waits for the slot's time and its delay says nothing about leases.
+            report.takeover_causes["after an early claim (no backups before the slot)"] += 1
+            continue
         if faults and (prev.started_ms is None or faults[-1].wall_ms >= prev.started_ms - 1):
             fault = faults[-1]
             report.takeover_causes[f"{fault.kind}"] += 1
-            delay = taken - (fault.wall_ms + lease_ms)
+            # The lease ended between fault + lease - heartbeat and fault + lease: the
+            # figure is the longest delay consistent with that (never an understatement).
+            delay = taken - (fault.wall_ms + lease_ms - heartbeat_ms)
             report.takeover_delays_ms.append(delay)
-            if delay < -(heartbeat_ms + LATE_TOLERANCE_MS):
+            if delay < -LATE_TOLERANCE_MS:
                 report.early_takeovers.append(
                     f"slot {slot} attempt {r.attempt}: claimed {-delay:.0f} ms before the "
                     f"lease of pid {pid} (last heartbeat ≤ {fault.kind} time) could expire")
@@ -410,13 +446,13 @@ def _check_skew(events: list[FaultEvent], ledger: list[LedgerEntry], clock: _Clo
         mine = [e for e in ledger if e.pid == pid and e.mono_ns]
         if not mine or not any(s for _, s in plan):
             continue
-        for e in mine:
-            at = clock.wall(e.mono_ns or 0)
+        for line in mine:
+            at = clock.wall(line.mono_ns or 0)
             # The shift in force then (a step takes up to a second to be read).
             current = [s for since, s in plan if since <= at - 1_500]
             if not current:
                 continue
-            observed = e.time_ms - at
+            observed = line.time_ms - at
             observed_all.append(observed)
             checked += 1
             if abs(observed - current[-1]) > SKEW_TOLERANCE_MS and \
@@ -454,7 +490,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 HEADER = ["job", "due", "run", "success", "dup success", "fenced after takeover",
           "lost", "abandoned", "takeovers", "delay ms med/max", "failed", "interrupted",
-          "skipped", "missed"]
+          "skipped", "missed", "early"]
 
 
 def _job_row(j: JobReport) -> list[str]:
@@ -464,6 +500,7 @@ def _job_row(j: JobReport) -> list[str]:
         str(len(j.lost)), str(j.abandoned), str(j.takeovers),
         _fmt_delays(j.takeover_delays_ms), str(sum(j.failed.values())),
         str(j.interrupted), str(sum(j.skipped.values())), str(sum(j.missed.values())),
+        str(len(j.early_starts)),
     ]
 
 
@@ -478,7 +515,7 @@ def format_report(report: BackendReport) -> str:
         for attr in ("due", "run", "successes", "abandoned", "takeovers", "interrupted"):
             setattr(total, attr, getattr(total, attr) + getattr(j, attr))
         for attr in ("dup_success", "fenced_effects", "fenced_starts", "lost",
-                     "takeover_delays_ms"):
+                     "takeover_delays_ms", "early_starts"):
             getattr(total, attr).extend(getattr(j, attr))
         total.failed.update(j.failed)
         total.skipped.update(j.skipped)
@@ -502,7 +539,7 @@ def format_report(report: BackendReport) -> str:
             (f"{j.name} TAKEOVER BEFORE LEASE EXPIRY", j.early_takeovers),
             (f"{j.name} fenced start after takeover (zombie woke up; stopped at its "
              "first lease check)", j.fenced_starts),
-            (f"{j.name} started before its slot (store clock)", j.early_starts),
+            (f"{j.name} began before its slot (real time)", j.early_starts),
             (f"{j.name} started later than max_late_ms", j.late_starts),
             (f"{j.name} missed slots, unexplained", [str(s) for s in j.unexplained_missed]),
         ]
@@ -535,7 +572,7 @@ def format_report(report: BackendReport) -> str:
 def format_summary(reports: list[BackendReport]) -> str:
     """One row per backend."""
     header = ["backend", "kind", "seed", "seconds", "due", "run", "success", "dup success",
-              "fenced end/start", "lost", "takeovers", "delay ms med/max", "result"]
+              "fenced end/start", "lost", "takeovers", "delay ms med/max", "early", "result"]
     rows = []
     for r in reports:
         rows.append([
@@ -543,7 +580,7 @@ def format_summary(reports: list[BackendReport]) -> str:
             str(r.total("due")), str(r.total("run")), str(r.total("successes")),
             str(r.total("dup_success")),
             f"{r.total('fenced_effects')}/{r.total('fenced_starts')}", str(r.total("lost")),
-            str(r.total("takeovers")), _fmt_delays(r.delays),
+            str(r.total("takeovers")), _fmt_delays(r.delays), str(r.total("early_starts")),
             "PASS" if not r.failures() else "FAIL",
         ])
     return _table(header, rows)

@@ -199,7 +199,7 @@ class Chaos:
         if not options:
             return None
         kinds, weights = zip(*options, strict=True)
-        kind = self.rng.choices(kinds, weights)[0]
+        kind: str = self.rng.choices(kinds, weights)[0]
         getattr(self, f"_fault_{kind}")()
         self.counts[kind] = self.counts.get(kind, 0) + 1
         return kind
@@ -208,7 +208,10 @@ class Chaos:
         return self.rng.choice(self.healthy())
 
     def _respawn_later(self) -> None:
-        self._later(self.rng.uniform(*self.profile.respawn_s), self.spawn)
+        def respawn() -> None:
+            self.spawn()
+
+        self._later(self.rng.uniform(*self.profile.respawn_s), respawn)
 
     def _fault_kill(self) -> None:
         victim = self._victim()

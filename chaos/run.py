@@ -2,8 +2,8 @@
 
 ::
 
-    python -m chaos.run --backend sqlite|redis|valkey|postgres|rabbitmq|nats|URL \\
-        --seconds 60 --instances 5 --seed 1234 --profile short|long
+    python -m chaos.run --backend sqlite|redis|valkey|postgres|rabbitmq|nats|URL
+                        --seconds 60 --instances 5 --seed 1234 --profile short|long
 
 It prints the seed first (a run is reproduced by passing the same ``--seed``: the same
 faults are drawn in the same order, though their exact timing against the slots depends
@@ -148,8 +148,11 @@ def open_target(backend: str, workdir: Path, *, restart: bool = True) -> Iterato
 
 
 def chaos_jobs(leases: bool, seed: int) -> list[JobSpec]:
-    """The job mix: short and long handlers (``long`` outlives the lease), sync and async,
-    and ``slow``, whose handler overruns ``timeout_ms`` in about a third of its slots."""
+    """The job mix, the same on every backend.
+
+    Short and long handlers (``long`` outlives the lease), sync and async, and ``slow``,
+    whose handler overruns its ``timeout_ms`` in about a third of its slots.
+    """
     return [
         JobSpec("tick", every="1s", sleep_s=0.05),
         JobSpec("work", every="2s", sleep_s=0.6, sync=True),
@@ -208,7 +211,9 @@ def run_chaos(backend: str, *, seconds: float, instances: int = 5, seed: int,
               profile: str = "short", workdir: Path, restart: bool = True,
               skew: bool = True, out: Any = None) -> RunResult:
     """Run the fleet under faults for ``seconds`` and check it; artefacts in ``workdir``."""
-    say = (lambda text: print(text, file=out or sys.stdout, flush=True))
+    def say(text: str) -> None:
+        print(text, file=out or sys.stdout, flush=True)
+
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     command = (f"python -m chaos.run --backend {backend} --seconds {seconds:g} "
@@ -228,15 +233,16 @@ def run_chaos(backend: str, *, seconds: float, instances: int = 5, seed: int,
             f"({'lease' if target.leases else 'claim-only'}); {instances} instances; "
             f"{seconds:g} s of faults; profile {profile}; artefacts in {workdir}")
         with cluster:
-            for _ in range(instances):
-                chaos.spawn()
+            for n in range(instances):
+                # The first instance always runs skewed (when skew applies), the rest by lot.
+                chaos.spawn(rng.uniform(-30, 30) if n == 0 and use_skew else None)
             cluster.wait_ready(READY_TIMEOUT_S)
             begin = time.time() * 1000 + 1_000
             chaos.run(seconds)
             end = time.time() * 1000
             chaos.settle()
             # Let every run of a slot in the window end, be taken over and end again.
-            settle_s = (3 * LEASE_MS / 1000 + 6) if target.leases else 6
+            settle_s = (2 * LEASE_MS / 1000 + 5) if target.leases else 5
             deadline = time.monotonic() + settle_s
             while time.monotonic() < deadline:
                 chaos._run_timers()

@@ -230,7 +230,7 @@ class PostgresServer(StoreServer):
                        timeout=timeout, cwd=self.workdir)
 
     def start(self, timeout: float = 30.0) -> None:
-        """initdb on first start, then ``pg_ctl start -w``."""
+        """Run ``initdb`` on first start, then ``pg_ctl start -w``."""
         if not self._initialised:
             self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
                       "-E", "UTF8", "--no-sync")
@@ -249,7 +249,7 @@ class PostgresServer(StoreServer):
             return None
 
     def halt(self, crash: bool) -> None:
-        """``pg_ctl stop -m immediate`` (a crash) or ``-m fast``; SIGKILL by PID as a last resort."""
+        """``pg_ctl stop -m immediate`` (a crash) or ``-m fast``; else SIGKILL by PID."""
         pid = self.pid()
         if pid is None:
             return

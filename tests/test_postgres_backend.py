@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from anarchon_core import backend_from_url
 from anarchon_core.backend import new_token
+from anarchon_core.backends import postgres as pg
 from anarchon_core.backends.postgres import PostgresBackend
 from anarchon_core.errors import ConfigError, StoreError
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
@@ -59,9 +60,17 @@ def cleanup(admin: Any, namespace: str) -> Iterator[None]:
         sql.Identifier(f"{namespace}_s")))
 
 
-def sessions(admin: Any, application_name: str) -> int:
-    return int(admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                             (application_name,)).fetchone()[0])
+def sessions(admin: Any, application_name: str, expect: int) -> int:
+    """Server sessions with this application_name, once it is ``expect`` or after 5 s
+    (a server process leaves pg_stat_activity a moment after its client closed)."""
+    deadline = time.monotonic() + 5
+    while True:
+        count = int(admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name,)).fetchone()[0])
+        if count == expect or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
 
 
 # -- namespaces ---------------------------------------------------------------------------
@@ -196,9 +205,9 @@ async def test_connection_opened_from_a_url_is_closed_on_stop(
     app = f"anarchon-{namespace}"
     backend = PostgresBackend(f"{POSTGRES_URL}?application_name={app}", table=namespace)
     await backend.start()
-    assert sessions(admin, app) == 1
+    assert sessions(admin, app, 1) == 1
     await backend.stop()
-    assert sessions(admin, app) == 0
+    assert sessions(admin, app, 0) == 0
 
 
 async def test_users_async_connection_and_pool_stay_open(
@@ -294,10 +303,10 @@ async def test_dropped_connection_is_reopened_and_the_run_goes_on(
         assert "retry" in caplog.text
         assert (await backend.claim(req("job", slot, "b"))).outcome is ClaimOutcome.RUNNING
         assert await backend.finish(ref(r), "success")
-        assert sessions(admin, app) == 1
+        assert sessions(admin, app, 1) == 1
     finally:
         await backend.stop()
-    assert sessions(admin, app) == 0
+    assert sessions(admin, app, 0) == 0
 
 
 async def test_claim_waiting_on_a_frozen_lock_holder_fails_without_writing(
@@ -396,3 +405,39 @@ async def test_claim_queries_use_indexes_on_a_long_history(
         plan = plan if isinstance(plan, list) else json.loads(plan)
         nodes = list(plan_nodes(plan[0]["Plan"]))
         assert "Seq Scan" not in nodes, f"{name} scans the whole table: {nodes}"
+
+
+async def test_commit_whose_answer_was_lost_is_never_reported_twice(
+    cleanup: None, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops after COMMIT reached the server: the retried finish sees its
+    own result; the retried claim does not report a second win."""
+    backend = PostgresBackend(POSTGRES_URL, table=namespace)
+    await backend.start()
+    real = pg._drive_async
+    lose_next = False
+
+    async def drive(*args: Any) -> Any:
+        nonlocal lose_next
+        result = await real(*args)  # committed
+        if lose_next:
+            lose_next = False
+            raise pg._TransientError(psycopg.OperationalError("server closed the connection"))
+        return result
+
+    monkeypatch.setattr(pg, "_drive_async", drive)
+    try:
+        slot = await backend.clock_ms()
+        r = req("job", slot)
+        lose_next = True
+        result = await backend.claim(r)
+        assert result.outcome is ClaimOutcome.RUNNING, "an unconfirmed claim reported won"
+        assert [(x.attempt, x.status) for x in await backend.history("job")] == [(1, "running")]
+
+        r2 = req("job", slot + 1, overlap=True)
+        assert (await backend.claim(r2)).won
+        lose_next = True
+        assert await backend.finish(ref(r2), "failed", "ValueError: x")
+        assert not await backend.finish(ref(r2), "failed", "ValueError: x"), "finished twice"
+    finally:
+        await backend.stop()

@@ -65,7 +65,8 @@ def cluster_port(store_handles: Getter) -> int:
 
 SYNC_FACTORIES: dict[str, Callable[[Getter], Any]] = {
     "redis.Redis": lambda g: redis.Redis(port=6379),
-    "redis.cluster.RedisCluster": lambda g: redis.cluster.RedisCluster(host="127.0.0.1", port=cluster_port(g)),
+    "redis.cluster.RedisCluster": lambda g: redis.cluster.RedisCluster(
+        host="127.0.0.1", port=cluster_port(g)),
     "valkey.Valkey": lambda g: valkey.Valkey(port=valkey_port(g)),
     "valkey.cluster.ValkeyCluster": lambda g: valkey.cluster.ValkeyCluster(
         host="127.0.0.1", port=cluster_port(g)),
@@ -88,7 +89,7 @@ async def test_sync_client_claims_and_stays_open(kind: str, store_handles: Gette
     client = SYNC_FACTORIES[kind](store_handles)
     try:
         backend = RedisBackend(client, prefix=f"{namespace}:")
-        assert kind.split(".")[-1] in backend.describe()
+        assert kind.rsplit(".", maxsplit=1)[-1] in backend.describe()
         await claim_twice(backend)
         assert client.ping()  # the user's client is still open
     finally:
@@ -252,7 +253,7 @@ async def test_owned_connection_really_disconnects(namespace: str) -> None:
         assert connected()
         await backend.stop()
         deadline = time.monotonic() + 5
-        while connected() and time.monotonic() < deadline:
+        while connected() and time.monotonic() < deadline:  # noqa: ASYNC110 - polls Redis
             await asyncio.sleep(0.05)
         assert not connected()
 

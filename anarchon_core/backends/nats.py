@@ -257,7 +257,9 @@ class NatsBackend(ClaimOnlyBackend):
             "reconnected_cb": on_reconnect, **self._connect_options,
         }
         try:
-            nc: Client = await nats.connect(self._servers, **options)
+            # nats-py retries the first connect as often as a reconnect (here: forever).
+            nc: Client = await asyncio.wait_for(nats.connect(self._servers, **options),
+                                                self.timeout_s * 2)
         except Exception as exc:  # noqa: BLE001 - re-raised as StoreError, URLs masked
             shown = ", ".join(mask_url(u) for u in self._servers)
             raise StoreError(f"cannot connect to NATS at {shown}: {type(exc).__name__}: "

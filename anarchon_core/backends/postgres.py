@@ -265,8 +265,9 @@ class PostgresBackend(Backend):
         return rows_to_runs(await self._run(read, what="history read"))
 
 
-# Local to each transaction: a frozen client cannot hold a job's lock for long, and a
-# waiter gives up (and retries) instead of hanging.
+# Set once per session on anarchon's own connection, per transaction on a user's: a frozen
+# client cannot hold a job's lock for long, and a waiter gives up (and retries) instead of
+# hanging.
 _SETTINGS = (
     "SELECT set_config('lock_timeout', %(timeout)s, {scope}), "
     "set_config('statement_timeout', %(statement_timeout)s, {scope}), "
@@ -321,6 +322,8 @@ class _Source(Protocol):
 
 
 def _check_idle(conn: psycopg.BaseConnection[Any]) -> None:
+    if conn.closed:
+        raise psycopg.OperationalError("the connection given to PostgresBackend is closed")
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise StoreError(
             "the psycopg connection given to PostgresBackend is inside a transaction: "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
@@ -29,6 +30,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import Redis, RedisCluster
 
+from ..decision import GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
 from ..errors import ConfigError
 from ..url import mask_url
 
@@ -40,6 +42,12 @@ _SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": 
 #: Timeouts for anarchon's own connection unless the URL or options set them: a hung
 #: server must fail a claim (the scheduler retries) rather than block it forever.
 _OWN_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
+
+
+#: Texts the Lua scripts take from Python (``"@NAME@"`` in a script), so that
+#: :mod:`anarchon_core.decision` stays their one source.
+_LUA_CONSTANTS = {"LEASE_EXPIRED": LEASE_EXPIRED, "GAVE_UP": GAVE_UP,
+                  "OVERLAP_SKIP": OVERLAP_SKIP}
 
 
 def plain(value: Any) -> Any:
@@ -98,6 +106,9 @@ class LuaScript:
         """Read ``lua/<name>.lua`` from the package."""
         folder = resources.files("anarchon_core.backends").joinpath("lua")
         source = folder.joinpath(f"{name}.lua").read_text("utf-8")
+        for constant, text in _LUA_CONSTANTS.items():
+            # A Lua string literal: JSON's escapes of '"' and '\\' are Lua's too.
+            source = source.replace(f'"@{constant}@"', json.dumps(text, ensure_ascii=False))
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
     async def run(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg]) -> Any:

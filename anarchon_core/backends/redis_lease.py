@@ -10,14 +10,14 @@ for a manual run) is a small JSON object; so is each result.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
-from ..decision import GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
 from ..errors import StoreError
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from ..schedules import ms_to_datetime
 from .redis_clients import Commands, LuaScript
-from .redis_keys import LEASE_PARTS, redis_key
+from .redis_keys import LEASE_PARTS, Part, redis_key
 
 __all__ = ["lease_claim", "lease_history", "lease_update", "run_id", "run_score"]
 
@@ -34,19 +34,19 @@ def run_score(slot: int, manual: bool) -> int:
     return slot * 2 + int(manual)
 
 
-def _keys(prefix: str, job: str, *parts: str) -> list[str]:
-    return [redis_key(prefix, p, job, tagged=True) for p in parts]  # type: ignore[arg-type]
+@lru_cache(maxsize=4096)
+def _keys(prefix: str, job: str, *parts: Part) -> tuple[str, ...]:
+    return tuple(redis_key(prefix, p, job, tagged=True) for p in parts)
 
 
 async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest) -> ClaimResult:
     """Run the claim script for ``req``."""
+    numbers = (req.slot, int(req.manual), req.lease_ms, int(req.overlap), req.max_attempts,
+               -1 if req.max_late_ms is None else req.max_late_ms, req.keep_ms,
+               req.history_size, -1 if req.history_ttl_ms is None else req.history_ttl_ms)
     reply = await LuaScript.load("lease_claim").run(
         conn, _keys(prefix, req.job, *LEASE_PARTS),
-        [run_id(req.slot, req.manual), req.slot, int(req.manual), req.token, req.runner,
-         req.lease_ms, int(req.overlap), req.max_attempts,
-         -1 if req.max_late_ms is None else req.max_late_ms, req.keep_ms, req.history_size,
-         -1 if req.history_ttl_ms is None else req.history_ttl_ms,
-         LEASE_EXPIRED, GAVE_UP, OVERLAP_SKIP],
+        [req.token, req.runner, " ".join(map(str, numbers))],
     )
     try:
         outcome, attempt, lease = ClaimOutcome(reply[0]), int(reply[1]), reply[2]

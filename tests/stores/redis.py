@@ -133,7 +133,8 @@ def start_cluster(workdir: Path, masters: int = 3) -> Iterator[list[Server]]:
     binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if binary is None or cli is None:
         unavailable("Redis Cluster", "redis-server or redis-cli is not on PATH")
-    assert binary is not None and cli is not None
+    assert binary is not None
+    assert cli is not None
     servers: list[Server] = []
     try:
         for i in range(masters):

@@ -1,50 +1,67 @@
 -- anarchon lease claim: the decision table of anarchon_core/decision.py, line for line.
 -- KEYS: state (hash), active (set), slots (sorted set), runs (stream), results (sorted set)
--- ARGV: run_id, slot, manual (0/1), token, runner, lease_ms, overlap (0/1), max_attempts,
---       max_late_ms (-1: none), keep_ms, history_size, history_ttl_ms (-1: none),
---       LEASE_EXPIRED, GAVE_UP, OVERLAP_SKIP (the error texts of decision.py)
+-- ARGV: token, runner, and the numbers in one space-separated argument (fewer arguments
+--       to encode on every claim): slot manual(0/1) lease_ms overlap(0/1) max_attempts
+--       max_late_ms(-1: none) keep_ms history_size history_ttl_ms(-1: none)
 -- Returns {outcome, attempt, lease_until_ms or ""}.
+-- The error texts below are decision.py's, put in when the script is loaded.
+local LEASE_EXPIRED = "@LEASE_EXPIRED@"
+local GAVE_UP = "@GAVE_UP@"
+local OVERLAP_SKIP = "@OVERLAP_SKIP@"
 if redis.replicate_commands then redis.replicate_commands() end
-local state_key, active_key, slots_key, runs_key, results_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local run_id, slot_s, manual, token, runner = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local slot = tonumber(slot_s)
-local lease_ms = tonumber(ARGV[6])
-local overlap = ARGV[7] == '1'
-local max_attempts = tonumber(ARGV[8])
-local max_late = tonumber(ARGV[9])
-local keep_ms = tonumber(ARGV[10])
-local history_size = tonumber(ARGV[11])
-local ttl = tonumber(ARGV[12])
-local LEASE_EXPIRED, GAVE_UP, OVERLAP_SKIP = ARGV[13], ARGV[14], ARGV[15]
-
+local P = {}
+for x in string.gmatch(ARGV[3], '%S+') do P[#P + 1] = x end
+local slot_s, manual = P[1], P[2]
+local run_id = manual == '1' and 'm' .. slot_s or slot_s
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- State present: the read-only answers first (the path every backup's check takes).
+local raw = redis.call('HGET', KEYS[1], run_id)
+local st
+if raw then
+  st = cjson.decode(raw)
+  local s = st.s
+  if s == 'success' or s == 'failed' or s == 'interrupted' or s == 'skipped' then
+    return {'done', tonumber(st.a), ''}
+  end
+  if st.l and tonumber(st.l) > now then return {'running', tonumber(st.a), st.l} end
+end
+
+local state_key, active_key, slots_key, runs_key, results_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, runner = ARGV[1], ARGV[2]
+local slot = tonumber(slot_s)
+local lease_ms = tonumber(P[3])
+local max_attempts = tonumber(P[5])
+local max_late = tonumber(P[6])
+local keep_ms = tonumber(P[7])
+local history_size = tonumber(P[8])
+local ttl = tonumber(P[9])
 local function num(x) return string.format('%.0f', x) end
 local now_s = num(now)
 -- results are scored slot*2+manual: one score per run (exact in a double until year 70000).
 local function score_of(s, m) return num(tonumber(s) * 2 + (m == '1' and 1 or 0)) end
 local score = score_of(slot_s, manual)
-local finished = {success = true, failed = true, interrupted = true, skipped = true}
 
 local function log_attempt(attempt, status)
-  redis.call('XADD', runs_key, 'MAXLEN', '~', ARGV[11], '*', 'slot', slot_s, 'manual', manual,
+  redis.call('XADD', runs_key, 'MAXLEN', '~', P[8], '*', 'slot', slot_s, 'manual', manual,
              'attempt', attempt, 'status', status, 'runner', runner, 'token', token)
 end
 
--- End the current attempt `st` with `status`: it gets its result entry (one per attempt).
+-- End the current attempt `cur` with `status`: it gets its result entry (one per attempt).
 -- An error noted while running (a hand-over on stop) is kept over `err`.
-local function end_attempt(st, status, err)
-  err = st.e or err
-  st.s, st.e, st.f, st.l = status, err, now_s, nil
-  redis.call('HSET', state_key, run_id, cjson.encode(st))
+local function end_attempt(cur, status, err)
+  err = cur.e or err
+  cur.s, cur.e, cur.f, cur.l = status, err, now_s, nil
+  redis.call('HSET', state_key, run_id, cjson.encode(cur))
   redis.call('ZADD', results_key, score, cjson.encode(
-    {run = run_id, a = st.a, s = status, b = st.b, f = now_s, r = st.r, e = err}))
+    {run = run_id, a = cur.a, s = status, b = cur.b, f = now_s, r = cur.r, e = err}))
 end
 
 local function record_skip(err)
-  local st = {a = '1', s = 'skipped', t = token, r = runner, b = now_s, f = now_s, e = err}
-  redis.call('HSET', state_key, run_id, cjson.encode(st))
+  local rec = {a = '1', s = 'skipped', t = token, r = runner, b = now_s, f = now_s, e = err}
+  redis.call('HSET', state_key, run_id, cjson.encode(rec))
   redis.call('ZADD', slots_key, slot_s, run_id)
   redis.call('ZADD', results_key, score, cjson.encode(
     {run = run_id, a = '1', s = 'skipped', b = now_s, f = now_s, r = runner, e = err}))
@@ -54,10 +71,10 @@ end
 local function other_live()
   for _, id in ipairs(redis.call('SMEMBERS', active_key)) do
     if id ~= run_id then
-      local raw = redis.call('HGET', state_key, id)
-      if raw then
-        local st = cjson.decode(raw)
-        if st.s == 'running' and st.l and tonumber(st.l) > now then return true end
+      local other = redis.call('HGET', state_key, id)
+      if other then
+        local o = cjson.decode(other)
+        if o.s == 'running' and o.l and tonumber(o.l) > now then return true end
       else
         redis.call('SREM', active_key, id)
       end
@@ -80,7 +97,9 @@ local function trim()
   local excess = redis.call('ZCARD', slots_key) - history_size
   if excess > 0 then
     local n = math.min(excess, 100)
-    local look = n + redis.call('SCARD', active_key)
+    -- look past running runs among the oldest, but boundedly (they stay; trimming
+    -- resumes past them on later claims)
+    local look = n + math.min(redis.call('SCARD', active_key), 100)
     local old = redis.call('ZRANGE', slots_key, 0, look - 1, 'WITHSCORES')
     local dropped = 0
     for i = 1, #old, 2 do
@@ -104,9 +123,9 @@ end
 
 local function start(attempt)
   local lease_until = num(now + lease_ms)
-  local st = {a = tostring(attempt), s = 'running', l = lease_until, t = token, r = runner,
-              b = now_s}
-  redis.call('HSET', state_key, run_id, cjson.encode(st))
+  local rec = {a = tostring(attempt), s = 'running', l = lease_until, t = token, r = runner,
+               b = now_s}
+  redis.call('HSET', state_key, run_id, cjson.encode(rec))
   redis.call('SADD', active_key, run_id)
   redis.call('ZADD', slots_key, slot_s, run_id)
   log_attempt(tostring(attempt), 'running')
@@ -114,23 +133,20 @@ local function start(attempt)
   return {'won', attempt, lease_until}
 end
 
-local raw = redis.call('HGET', state_key, run_id)
-if not raw then
+if not st then
   if max_late >= 0 and now > slot + max_late then
     record_skip(string.format('late: first claimed %s ms after its time (max_late_ms=%s)',
-                              num(now - slot), ARGV[9]))
+                              num(now - slot), P[6]))
     return {'late', 1, ''}
   end
-  if not overlap and other_live() then
+  if P[4] ~= '1' and other_live() then
     record_skip(OVERLAP_SKIP)
     return {'overlap', 1, ''}
   end
   return start(1)
 end
-local st = cjson.decode(raw)
+-- running, lease expired
 local attempt = tonumber(st.a)
-if finished[st.s] then return {'done', attempt, ''} end
-if st.l and tonumber(st.l) > now then return {'running', attempt, st.l} end
 if attempt < max_attempts then
   end_attempt(st, 'interrupted', LEASE_EXPIRED)
   return start(attempt + 1)
