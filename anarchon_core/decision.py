@@ -15,6 +15,8 @@ none                   another run of the job holds a live       record ``skippe
                        lease and ``overlap`` is off              (overlap) → ``overlap``
 none                   otherwise                                 attempt 1 → ``won``
 finished (any status)                                            none → ``done``
+running                the caller's own token (a claim retried   none → ``won``
+                       after its answer was lost)                (same attempt)
 running                lease in the future                       none → ``running``
 running                lease expired, attempt < max_attempts     mark attempt
                                                                  ``interrupted``, store
@@ -104,6 +106,8 @@ def decide(
         return Decision(ClaimOutcome.WON, Action.START, 1, None, now_ms + request.lease_ms)
     if state.status in FINISHED_STATUSES:
         return Decision(ClaimOutcome.DONE, attempt=state.attempt)
+    if state.token == request.token:
+        return Decision(ClaimOutcome.WON, Action.NONE, state.attempt, None, state.lease_until_ms)
     if state.lease_until_ms is not None and state.lease_until_ms > now_ms:
         return Decision(
             ClaimOutcome.RUNNING, attempt=state.attempt, lease_until_ms=state.lease_until_ms

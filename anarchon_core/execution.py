@@ -24,6 +24,8 @@ log = logging.getLogger("anarchon.run")
 
 Handler = Callable[[JobContext], Any]
 _COOPERATION_S = 1.0
+_RECORD_RETRY_S = 30.0
+_RECORD_DELAYS_S = (0.1, 0.2, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -186,23 +188,40 @@ class Attempt:
     async def _record(self) -> None:
         if self.fenced:
             return
-        try:
-            if self.status == "interrupted" and self.backend.supports_leases:
-                self.handed_over = await self.backend.release(self.ref)
-                log.info("%s slot %s attempt %s: handed over", self.ref.job, self.ref.slot,
-                         self.ref.attempt)
-                return
-            if not await self.backend.finish(self.ref, self.status, self.error):
-                self.fenced = True
-                log.warning("%s slot %s attempt %s: finish rejected, another attempt took over",
-                            self.ref.job, self.ref.slot, self.ref.attempt)
-                return
-        except Exception:
-            log.exception("%s slot %s attempt %s: could not record its end (%s)",
-                          self.ref.job, self.ref.slot, self.ref.attempt, self.status)
+        handing_over = self.status == "interrupted" and self.backend.supports_leases
+        # While the store is unreachable nobody can take over either: keep trying, so the
+        # run is not re-run merely because its end could not be written.
+        deadline = time.monotonic() + max(_RECORD_RETRY_S, 2 * self._lease_s())
+        for delay in (*_RECORD_DELAYS_S, *([_RECORD_DELAYS_S[-1]] * 1_000)):
+            try:
+                if handing_over:
+                    self.handed_over = await self.backend.release(self.ref)
+                    log.info("%s slot %s attempt %s: handed over", self.ref.job, self.ref.slot,
+                             self.ref.attempt)
+                    return
+                accepted = await self.backend.finish(self.ref, self.status, self.error)
+                break
+            except Exception as exc:  # noqa: BLE001 - any store error: retry, bounded
+                if time.monotonic() + delay > deadline:
+                    log.error("%s slot %s attempt %s: could not record its end (%s): %s: %s",
+                              self.ref.job, self.ref.slot, self.ref.attempt, self.status,
+                              type(exc).__name__, exc)
+                    return
+                log.warning("%s slot %s attempt %s: recording its end failed (%s); retrying",
+                            self.ref.job, self.ref.slot, self.ref.attempt, exc)
+                await asyncio.sleep(delay)
+        else:
+            return
+        if not accepted:
+            self.fenced = True
+            log.warning("%s slot %s attempt %s: finish rejected, another attempt took over",
+                        self.ref.job, self.ref.slot, self.ref.attempt)
             return
         log.info("%s slot %s attempt %s: %s%s", self.ref.job, self.ref.slot, self.ref.attempt,
                  self.status, f" ({self.error})" if self.error else "")
+
+    def _lease_s(self) -> float:
+        return self.timings.lease_ms / 1000 if self.timings else 0.0
 
     def as_run(self) -> Run:
         """The attempt as a history entry, as this instance saw it."""

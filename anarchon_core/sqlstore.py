@@ -18,7 +18,7 @@ from typing import Any
 from .backend import FORMAT_VERSION
 from .decision import Action, RunState, decide, needs_overlap_check
 from .errors import StoreFormatError
-from .models import ClaimRequest, ClaimResult, Run, RunRef
+from .models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from .schedules import ms_to_datetime
 
 __all__ = ["SqlQueries", "Step", "check_format", "claim_steps", "rows_to_runs"]
@@ -177,7 +177,7 @@ def claim_steps(req: ClaimRequest) -> ClaimSteps:
         yield Step("end_attempt", {**key, "now": now, "attempt": decision.attempt,
                                    "status": "interrupted", "error": decision.error},
                    rows=False)
-    token = req.token if decision.action is Action.START else None
+    token = req.token if decision.outcome is ClaimOutcome.WON else None
     return ClaimResult(decision.outcome, decision.attempt, token, decision.lease_until_ms)
 
 

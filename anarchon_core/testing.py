@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .backend import Backend
 from .decision import HANDED_OVER, Action, RunState, decide, needs_overlap_check
-from .models import ClaimRequest, ClaimResult, Run, RunRef
+from .models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from .schedules import ms_to_datetime
 
 __all__ = ["MemoryBackend"]
@@ -94,7 +94,7 @@ class MemoryBackend(Backend):
                 current.status, current.finished_at = "interrupted", now
                 current.error, current.lease_until = decision.error, None
             self._runs[key] = attempts
-            token = request.token if decision.action is Action.START else None
+            token = request.token if decision.outcome is ClaimOutcome.WON else None
             return ClaimResult(decision.outcome, decision.attempt, token,
                                decision.lease_until_ms)
 

@@ -19,7 +19,11 @@ import contextlib
 import time
 import uuid
 
+import aio_pika
+
 from anarchon_core.backend import new_token
+from anarchon_core.backends.nats import NatsBackend
+from anarchon_core.backends.rabbitmq import RabbitMQBackend
 from anarchon_core.models import ClaimRequest, ClaimResult
 
 from .common import Measurement, measure, print_table
@@ -48,10 +52,6 @@ async def prefill(claim: object, count: int, concurrency: int) -> None:
 
 
 async def bench_rabbitmq(url: str, count: int, concurrency: int) -> None:
-    import aio_pika
-
-    from anarchon_core.backends.rabbitmq import RabbitMQBackend
-
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     winner = RabbitMQBackend(url, prefix=prefix, run_expires_ms=120_000)
     loser = RabbitMQBackend(url, prefix=prefix, run_expires_ms=120_000)
@@ -84,8 +84,8 @@ async def bench_rabbitmq(url: str, count: int, concurrency: int) -> None:
         await prefill(winner.claim, count, concurrency)
         rows.append(await measure("claim, taken", lost, count=count,
                                   concurrency=concurrency, warmup=0))
-        print_table(f"RabbitMQ {url.split('@')[-1]} (aio-pika, one connection)", rows,
-                    floor_row)
+        where = url.rsplit("@", maxsplit=1)[-1]
+        print_table(f"RabbitMQ {where} (aio-pika, one connection)", rows, floor_row)
     finally:
         with contextlib.suppress(Exception):
             cleanup = await (await winner._connection()).channel()
@@ -96,8 +96,6 @@ async def bench_rabbitmq(url: str, count: int, concurrency: int) -> None:
 
 
 async def bench_nats(url: str, count: int, concurrency: int) -> None:
-    from anarchon_core.backends.nats import NatsBackend
-
     name = f"BENCH{uuid.uuid4().hex[:8].upper()}"
     prefix = f"{name.lower()}."
     winner = NatsBackend(url, prefix=prefix, stream=name)

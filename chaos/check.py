@@ -107,6 +107,7 @@ class JobReport:
     skipped: Counter[str] = field(default_factory=Counter)
     missed: Counter[str] = field(default_factory=Counter)
     unexplained_missed: list[int] = field(default_factory=list)
+    not_taken_over: list[str] = field(default_factory=list)
     early_starts: list[str] = field(default_factory=list)
     late_starts: list[str] = field(default_factory=list)
 
@@ -286,6 +287,11 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
                 report.interrupted += 1
         _check_attempts(report, slot, runs, starts.get(slot, []), slot_ends, leases=leases,
                         clock=clock, history_complete=history_complete)
+        if leases and runs and window[0] <= slot <= window[1] and \
+                runs[-1].status == "interrupted" and runs[-1].attempt < spec["max_attempts"]:
+            report.not_taken_over.append(
+                f"slot {slot}: attempt {runs[-1].attempt} on {runs[-1].runner} ended "
+                f"'interrupted' ({runs[-1].error}) and no backup took over")
         if leases:
             _check_takeovers(report, slot, runs, starts.get(slot, []), lease_ms=lease_ms,
                              heartbeat_ms=heartbeat_ms, events=events, store_down=store_down)
@@ -542,6 +548,7 @@ def format_report(report: BackendReport) -> str:
             (f"{j.name} began before its slot (real time)", j.early_starts),
             (f"{j.name} started later than max_late_ms", j.late_starts),
             (f"{j.name} missed slots, unexplained", [str(s) for s in j.unexplained_missed]),
+            (f"{j.name} interrupted with attempts left, never taken over", j.not_taken_over),
         ]
         if j.failed:
             out.append(f"{j.name}: failed by reason: " +

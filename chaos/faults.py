@@ -184,7 +184,6 @@ class Chaos:
         options = []
         for kind, weight in self.profile.weights:
             if (kind in ("kill", "pause", "stop") and not spare) or \
-                    (kind == "pause" and self.lease_ms is None and not spare) or \
                     (kind == "restart" and (self.server is None or self.store_down)):
                 continue
             if kind == "skew_step" and not any(

@@ -169,7 +169,8 @@ def _job_meta(spec: JobSpec) -> dict[str, Any]:
     max_late = spec.options.get("max_late_ms", default_max_late_ms(interval, jitter))
     return {"name": spec.name, "interval_ms": interval, "jitter_ms": jitter,
             "max_late_ms": max_late, "sleep_s": spec.sleep_s,
-            "timeout_ms": spec.options.get("timeout_ms"), "slow_ratio": spec.slow_ratio}
+            "timeout_ms": spec.options.get("timeout_ms"), "slow_ratio": spec.slow_ratio,
+            "max_attempts": spec.options.get("max_attempts", 3)}
 
 
 def _read_history(url: str, jobs: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -242,7 +243,7 @@ def run_chaos(backend: str, *, seconds: float, instances: int = 5, seed: int,
             end = time.time() * 1000
             chaos.settle()
             # Let every run of a slot in the window end, be taken over and end again.
-            settle_s = (2 * LEASE_MS / 1000 + 5) if target.leases else 5
+            settle_s = (2 * LEASE_MS / 1000 + 3) if target.leases else 4
             deadline = time.monotonic() + settle_s
             while time.monotonic() < deadline:
                 chaos._run_timers()

@@ -1,6 +1,6 @@
 """The chaos harness, short profile: a fleet under random faults on every store.
 
-Each backend gets five instance processes and about 12 s of SIGKILLs, SIGSTOPs longer
+Each backend gets five instance processes and about 10 s of SIGKILLs, SIGSTOPs longer
 than the lease, SIGTERMs, restarts of a dedicated store server and clock skew (see
 ``chaos/``), then the checker judges the ledgers and ``history()``. The build fails on any
 duplicate success, lost run, side effect by a fenced runner after a takeover, or a clock
@@ -35,7 +35,7 @@ BACKENDS = {
     "nats": "nats",
 }
 AVAILABLE = set(iter_ids())
-SECONDS = float(os.environ.get("ANARCHON_CHAOS_SECONDS", "12"))
+SECONDS = float(os.environ.get("ANARCHON_CHAOS_SECONDS", "10"))
 
 
 def _seed() -> int:

@@ -161,3 +161,23 @@ async def test_unreachable_server_is_a_store_error_without_the_password() -> Non
     with pytest.raises(StoreError) as info:
         await backend.start()
     assert "s3cret" not in str(info.value)
+
+
+async def test_run_now_through_the_scheduler(js: object, stream_name: str) -> None:
+    calls: list[bool] = []
+
+    async def work(ctx: object) -> None:
+        calls.append(ctx.manual)  # type: ignore[attr-defined]
+
+    backend = NatsBackend(URL, prefix=f"{stream_name.lower()}.", stream=stream_name)
+    scheduler = Scheduler(backend, instance_id="me")
+    scheduler.every("report", "1h", work)
+    try:
+        run = await scheduler.run_now("report")
+        assert (run.manual, run.status, run.runner) == (True, "success", "me")
+        assert calls == [True]
+        [stored] = await scheduler.history("report")
+        assert (stored.slot, stored.manual, stored.status) == (run.slot, True, "success")
+    finally:
+        await scheduler.stop()
+        await js.delete_stream(stream_name)  # type: ignore[attr-defined]

@@ -151,3 +151,21 @@ async def test_wrong_password_is_a_store_error_without_the_password() -> None:
         await backend.start()
     assert "wrong-s3cret" not in str(info.value)
     assert "***" in str(info.value)
+
+
+async def test_run_now_through_the_scheduler(handle: StoreHandle, namespace: str) -> None:
+    calls: list[bool] = []
+
+    async def work(ctx: object) -> None:
+        calls.append(ctx.manual)  # type: ignore[attr-defined]
+
+    scheduler = Scheduler(tracked_backend(handle.extra, namespace), instance_id="me")
+    scheduler.every("report", "1h", work)
+    try:
+        run = await scheduler.run_now("report")
+        assert (run.manual, run.status, run.runner) == (True, "success", "me")
+        assert calls == [True]
+        [stored] = await scheduler.history("report")
+        assert (stored.slot, stored.manual, stored.status) == (run.slot, True, "success")
+    finally:
+        await scheduler.stop()

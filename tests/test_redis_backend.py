@@ -346,7 +346,8 @@ async def test_idmp_claim_sends_the_documented_commands() -> None:
             return first[f"{iid}"][0]
         if args[0] == "EVALSHA" and args[1] == LuaScript.load("idmp_read").sha:
             entry = args[4]
-            return next(tok for eid, tok in first.values() if eid == entry)
+            return [next(tok for eid, tok in first.values() if eid == entry),
+                     "1791633610050"]
         raise AssertionError(args)
 
     conn = Commands(send, label="stand-in", owned=False, blocking=False)

@@ -272,14 +272,21 @@ class NatsBackend(ClaimOnlyBackend):
         return (await self._client()).jetstream(timeout=self.timeout_s)
 
     async def start(self) -> None:
-        """Connect; create the stream or extend its subjects; check the store format."""
+        """Connect; create the stream or extend its subjects; check the store format.
+
+        If this fails, the connection it opened is closed again.
+        """
         async with self._lock:
             if self._ready and (self._given is not None or
                                 (self._nc is not None and not self._nc.is_closed)):
                 return
             js = (await self._client()).jetstream(timeout=self.timeout_s)
-            info = await self._ensure_stream(js)
-            self._check_format(info.config.description)
+            try:
+                info = await self._ensure_stream(js)
+                self._check_format(info.config.description)
+            except BaseException:
+                await self.stop()
+                raise
             max_age = info.config.max_age or 0
             if max_age and max_age * 1000 < self.max_age_ms:
                 log.warning("stream %s keeps messages %.0f s, less than max_age_ms=%s: runs "

@@ -82,8 +82,8 @@ log = logging.getLogger("anarchon.rabbitmq")
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 MAX_QUEUE_NAME = 255
-#: Bytes a stream keeps per run of history (a claim and a result record, with headroom).
-_BYTES_PER_RUN = 800
+#: Stream bytes per run of history: a claim and a result record with their AMQP headers.
+_BYTES_PER_RUN = 1_200
 _MIN_HISTORY_BYTES = 64_000
 _CREDENTIALS = re.compile(r"//([^:/@\s]*):([^@\s]*)@")
 _CURRENT_FORMAT = re.compile(r"current is (?:the value )?'?(\w+)'?")
@@ -173,6 +173,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
         self._lock = asyncio.Lock()
         self._conn_lock = asyncio.Lock()
         self._streams: set[str] = set()
+        self._stream_locks: dict[str, asyncio.Lock] = {}
         self._won: dict[str, _Won] = {}
         self._stream_args: dict[str, dict[str, Any]] = {}
         self._run_args = {
@@ -275,7 +276,17 @@ class RabbitMQBackend(ClaimOnlyBackend):
                                                timeout=self.timeout_s)
 
     async def start(self) -> None:
-        """Connect and check (or write) the namespace's store-format record."""
+        """Connect and check (or write) the namespace's store-format record.
+
+        If this fails, the connection it opened is closed again.
+        """
+        try:
+            await self._check_format()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _check_format(self) -> None:
         conn = await self._connection()
         channel = await conn.channel()
         try:
@@ -397,10 +408,16 @@ class RabbitMQBackend(ClaimOnlyBackend):
                       arguments: dict[str, Any] | None = None) -> None:
         name = self.history_stream(job)
         if name not in self._streams:
-            args = arguments or self._stream_args.get(job) or self._stream_arguments(
-                ClaimRequest(job=job, slot=0, token="", runner=""))
-            await self._declare(name, args)
-            self._streams.add(name)
+            # One declaration per stream at a time: RabbitMQ 3.10 can crash the whole
+            # connection when a channel publishes to a stream that another channel is
+            # still creating (its writer is not registered yet).
+            lock = self._stream_locks.setdefault(name, asyncio.Lock())
+            async with lock:
+                if name not in self._streams:
+                    args = arguments or self._stream_args.get(job) or self._stream_arguments(
+                        ClaimRequest(job=job, slot=0, token="", runner=""))
+                    await self._declare(name, args)
+                    self._streams.add(name)
         await self._publish(name, encode_json(record))
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..decision import late_error
 from ..errors import StoreError
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from ..schedules import ms_to_datetime
@@ -29,37 +30,53 @@ class IdmpState:
         self.configured: set[str] = set()
 
 
-def _won(req: ClaimRequest, won: bool) -> ClaimResult:
-    if won:
+#: How far before a slot's time the search for its claim entry starts (clock skew margin).
+_CLAIM_SEARCH_MS = 300_000
+_CLAIM_SEARCH_COUNT = 5_000
+
+
+def _answer(req: ClaimRequest, code: int) -> ClaimResult:
+    if code == 1:
         return ClaimResult(ClaimOutcome.WON, 1, req.token)
+    if code == 2:
+        return ClaimResult(ClaimOutcome.LATE, 1)
     return ClaimResult(ClaimOutcome.TAKEN, 1)
 
 
 async def claim_only(conn: Commands, prefix: str, strategy: Strategy, req: ClaimRequest,
                      idmp: IdmpState) -> ClaimResult:
-    """Claim ``req`` with ``strategy``: won for the first claim of a run, taken after."""
+    """Claim ``req`` with ``strategy``: won for the first claim of a run, taken after.
+
+    A first claim later than ``max_late_ms`` after the slot (by the server's clock) is
+    recorded, so later claims lose too, and answered ``late`` with a ``skipped`` result.
+    """
+    max_late = -1 if req.max_late_ms is None else req.max_late_ms
     if req.manual:
         key = redis_key(prefix, "manual", req.job)
         reply = await LuaScript.load("manual_claim").run(
             conn, [key], [req.slot, req.token, req.runner, req.history_size])
-        return _won(req, int(reply) == 1)
+        return _answer(req, int(reply))
     key = redis_key(prefix, "runs", req.job)
     if isinstance(strategy, StreamId):
-        reply = await LuaScript.load("stream_id_claim").run(
-            conn, [key], [req.slot, req.token, req.runner, req.history_size])
-        return _won(req, int(reply) == 1)
-    if isinstance(strategy, Script):
-        reply = await LuaScript.load("script_claim").run(
+        code, now = await LuaScript.load("stream_id_claim").run(
+            conn, [key], [req.slot, req.token, req.runner, req.history_size, max_late])
+    elif isinstance(strategy, Script):
+        code, now = await LuaScript.load("script_claim").run(
             conn, [key], [req.slot, req.token, req.runner, strategy.window_ms,
-                          req.history_size])
-        return _won(req, int(reply) == 1)
-    if isinstance(strategy, Idmp):
-        return _won(req, await _idmp_claim(conn, key, strategy, req, idmp))
-    raise StoreError(f"strategy {strategy.name!r} does not claim without leases")
+                          req.history_size, max_late])
+    elif isinstance(strategy, Idmp):
+        code, now = await _idmp_claim(conn, key, strategy, req, idmp)
+    else:
+        raise StoreError(f"strategy {strategy.name!r} does not claim without leases")
+    if int(code) == 2:
+        await claim_only_finish(conn, prefix, RunRef(req.job, req.slot, req.token),
+                                status="skipped", error=late_error(req, int(now)),
+                                history_size=req.history_size, check_owner=False)
+    return _answer(req, int(code))
 
 
 async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimRequest,
-                      idmp: IdmpState) -> bool:
+                      idmp: IdmpState) -> tuple[int, int]:
     if key not in idmp.configured:
         await LuaScript.load("idmp_config").run(
             conn, [key], [strategy.duration_sec, strategy.max_size])
@@ -71,13 +88,25 @@ async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimReques
                                "runner", req.runner)
     if not isinstance(entry_id, str):
         raise StoreError(f"unexpected answer to XADD ... IDMP: {entry_id!r}")
-    token = await LuaScript.load("idmp_read").run(conn, [key], [entry_id, req.history_size])
-    return bool(token == req.token)
+    token, now = await LuaScript.load("idmp_read").run(
+        conn, [key], [entry_id, req.history_size])
+    if token != req.token:
+        return 0, int(now)
+    late = req.max_late_ms is not None and int(now) > req.slot + req.max_late_ms
+    return (2 if late else 1), int(now)
 
 
 async def claim_only_finish(conn: Commands, prefix: str, ref: RunRef, *, status: str,
-                            error: str | None, history_size: int) -> bool:
-    """Record the run's one result; False if it already has one."""
+                            error: str | None, history_size: int,
+                            check_owner: bool = True) -> bool:
+    """Record the run's one result; False if it has one already or ``ref`` lost the claim."""
+    if check_owner:
+        stream = redis_key(prefix, "manual" if ref.manual else "runs", ref.job)
+        start = max(0, ref.slot - _CLAIM_SEARCH_MS)
+        owner = await LuaScript.load("claim_token").run(
+            conn, [stream], [ref.slot, start, _CLAIM_SEARCH_COUNT])
+        if owner != ref.token:
+            return False
     reply = await LuaScript.load("claim_result").run(
         conn, [redis_key(prefix, "results", ref.job)],
         [run_score(ref.slot, ref.manual), ref.token, status, error or "", history_size])

@@ -51,6 +51,16 @@ async def test_first_claim_wins_and_others_see_it_running(lease_backend: Backend
     assert (run.slot, run.attempt, run.status, run.runner) == (slot, 1, "running", "a")
 
 
+async def test_a_retried_claim_with_the_same_token_still_wins(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a")
+    assert (await lease_backend.claim(r)).won
+    again = await lease_backend.claim(r)  # as if the first answer was lost on the way
+    assert (again.outcome, again.attempt) == (ClaimOutcome.WON, 1)
+    assert (await lease_backend.claim(req(slot, "b"))).outcome is ClaimOutcome.RUNNING
+    assert len(await lease_backend.history("job")) == 1
+
+
 async def test_concurrent_claims_have_exactly_one_winner(
     lease_store: tuple[StoreSpec, StoreHandle], namespace: str
 ) -> None:

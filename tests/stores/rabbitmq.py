@@ -90,7 +90,7 @@ def tracked_backend(spaces: Namespaces, ns: str, **options: Any) -> RabbitMQBack
             spaces.queues.add(self.history_stream(job))
             await super()._append(job, record, arguments)
 
-    return Tracked(URL, prefix=spaces.prefix(ns), **{"run_expires_ms": 60_000, **options})
+    return Tracked(URL, prefix=spaces.prefix(ns), **{"run_expires_ms": 150_000, **options})
 
 
 @contextmanager
