@@ -288,7 +288,7 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
         _check_attempts(report, slot, runs, starts.get(slot, []), slot_ends, leases=leases,
                         clock=clock, history_complete=history_complete)
         if leases and runs and window[0] <= slot <= window[1] and \
-                runs[-1].status == "interrupted" and runs[-1].attempt < spec["max_attempts"]:
+                runs[-1].status == "interrupted" and runs[-1].attempt < spec.get("max_attempts", 3):
             report.not_taken_over.append(
                 f"slot {slot}: attempt {runs[-1].attempt} on {runs[-1].runner} ended "
                 f"'interrupted' ({runs[-1].error}) and no backup took over")

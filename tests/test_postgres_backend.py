@@ -411,7 +411,7 @@ async def test_commit_whose_answer_was_lost_is_never_reported_twice(
     cleanup: None, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The connection drops after COMMIT reached the server: the retried finish sees its
-    own result; the retried claim does not report a second win."""
+    own result; the retried claim wins its own attempt once, without a second attempt."""
     backend = PostgresBackend(POSTGRES_URL, table=namespace)
     await backend.start()
     real = pg._drive_async
@@ -431,8 +431,11 @@ async def test_commit_whose_answer_was_lost_is_never_reported_twice(
         r = req("job", slot)
         lose_next = True
         result = await backend.claim(r)
-        assert result.outcome is ClaimOutcome.RUNNING, "an unconfirmed claim reported won"
+        # The retry carries the same token: the caller owns attempt 1, recorded once.
+        assert (result.outcome, result.attempt) == (ClaimOutcome.WON, 1)
         assert [(x.attempt, x.status) for x in await backend.history("job")] == [(1, "running")]
+        other = await backend.claim(req("job", slot))
+        assert other.outcome is ClaimOutcome.RUNNING
 
         r2 = req("job", slot + 1, overlap=True)
         assert (await backend.claim(r2)).won

@@ -19,7 +19,7 @@ from .support.procs import (
     JobSpec,
     LedgerEntry,
     assert_exactly_once,
-    grid_slots,
+    check_every_slot_runs_once,
     now_ms,
     read_history,
     start_instances,
@@ -52,24 +52,7 @@ def started(cluster: Cluster, job: str, attempt: int = 1) -> LedgerEntry | None:
 def test_four_processes_run_every_slot_exactly_once(
     persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
-    url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("tick", every="1s", sleep_s=0.2),
-            JobSpec("tock", every="1s", sleep_s=0.3, sync=True)]
-    with start_instances(url, jobs, 4, tmp_path) as cluster:
-        cluster.wait_ready()
-        begin = now_ms() + 1_500
-        time.sleep(15)
-        end = now_ms() - 1_500
-        cluster.stop_all()
-        entries = cluster.ledger()
-    for job in ("tick", "tock"):
-        report = assert_exactly_once(entries, job, history=read_history(url, job),
-                                     between=(begin, end))
-        expected = grid_slots(1_000, begin, end)
-        missing = sorted(set(expected) - set(report.slots))
-        assert not missing, f"{job}: slots that never ran: {missing}"
-        runners = {e.instance for e in entries if e.job == job and e.event == "end"}
-        assert len(runners) >= 2, f"{job}: jitter should spread runs, all ran on {runners}"
+    check_every_slot_runs_once(url_of(persistent_lease_store, namespace), tmp_path)
 
 
 def test_takeover_after_sigkill(

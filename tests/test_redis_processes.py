@@ -1,8 +1,9 @@
-"""Real instance processes on Redis: every strategy exactly once, and a store restart.
+"""Real instance processes on a dedicated Redis that is restarted mid-run.
 
-Takeover after SIGKILL, fencing after SIGSTOP, hand-over, overlap and lateness on Redis,
-Valkey and the Redis Cluster are in tests/test_processes_lease.py, which runs on every
-lease store of tests/stores/ (this package's ``redis``, ``valkey`` and ``redis-cluster``).
+Exactly-once, takeover after SIGKILL, fencing after SIGSTOP, hand-over, overlap and
+lateness on Redis, Valkey and the Redis Cluster (lease) and on stream-id/script
+(claim-only) are in tests/test_processes_lease.py and tests/test_processes_claim_only.py,
+which run on every store of tests/stores/.
 """
 
 from __future__ import annotations
@@ -13,40 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from .stores.redis import SHARED_URL, start_server
+from .stores.redis import start_server
 from .support.procs import (
     JobSpec,
-    assert_exactly_once,
-    grid_slots,
     now_ms,
     read_history,
     start_instances,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script"])
-def test_four_processes_run_every_slot_exactly_once(strategy: str, namespace: str,
-                                                    tmp_path: Path) -> None:
-    url = f"{SHARED_URL}?prefix={namespace}:&strategy={strategy}"
-    jobs = [JobSpec("tick", every="1s", sleep_s=0.2),
-            JobSpec("tock", every="1s", sleep_s=0.1, sync=True)]
-    with start_instances(url, jobs, 4, tmp_path) as cluster:
-        cluster.wait_ready()
-        begin = now_ms() + 1_500
-        time.sleep(15)
-        end = now_ms() - 1_500
-        cluster.stop_all()
-        entries = cluster.ledger()
-    for job in ("tick", "tock"):
-        history = read_history(url, job)
-        report = assert_exactly_once(entries, job, history=history, between=(begin, end))
-        missing = sorted(set(grid_slots(1_000, begin, end)) - set(report.slots))
-        assert not missing, f"{strategy} {job}: slots that never ran: {missing}"
-        runners = {e.instance for e in entries if e.job == job and e.event == "end"}
-        assert len(runners) >= 2, f"{strategy} {job}: jitter should spread the runs"
-        assert {r.status for r in history if begin <= r.slot <= end} == {"success"}
 
 
 @pytest.mark.parametrize("strategy", ["lease", "script"])

@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from anarchon_core import Run, Scheduler, backend_from_url
 from anarchon_core.cli.fleet import (
@@ -26,7 +27,8 @@ from anarchon_core.cli.fleet import (
 )
 
 __all__ = ["Cluster", "Instance", "JobSpec", "LedgerEntry", "OnceReport", "assert_exactly_once",
-           "grid_slots", "now_ms", "read_history", "read_ledger", "start_instances"]
+           "check_every_slot_runs_once", "grid_slots", "now_ms", "read_history", "read_ledger",
+           "start_instances"]
 
 
 def read_history(url: str, job: str, limit: int = 10_000) -> list[Run]:
@@ -96,3 +98,31 @@ def grid_slots(interval_ms: int, lo: int, hi: int) -> list[int]:
 
 def now_ms() -> int:
     return round(time.time() * 1000)
+
+
+def check_every_slot_runs_once(url: str, workdir: Path, *, seconds: float = 15,
+                               instances: int = 4) -> dict[str, list[Run]]:
+    """4 instances, two ``every("1s")`` jobs (async and sync) for ``seconds``: every grid
+    slot in the window ran exactly once by the ledger and by history, and jitter spread
+    the runs over several instances. Returns each job's history for further checks.
+    """
+    jobs = [JobSpec("tick", every="1s", sleep_s=0.2),
+            JobSpec("tock", every="1s", sleep_s=0.3, sync=True)]
+    with start_instances(url, jobs, instances, workdir) as cluster:
+        cluster.wait_ready()
+        begin = now_ms() + 1_500
+        time.sleep(seconds)
+        end = now_ms() - 1_500
+        cluster.stop_all()
+        entries = cluster.ledger()
+    histories = {}
+    for job in ("tick", "tock"):
+        history = histories[job] = read_history(url, job)
+        report = assert_exactly_once(entries, job, history=history, between=(begin, end))
+        missing = sorted(set(grid_slots(1_000, begin, end)) - set(report.slots))
+        assert not missing, f"{job}: slots that never ran: {missing}"
+        runners = {e.instance for e in entries if e.job == job and e.event == "end"}
+        assert len(runners) >= 2, f"{job}: jitter should spread runs, all ran on {runners}"
+        in_window = {r.status for r in history if begin <= r.slot <= end}
+        assert in_window == {"success"}, f"{job}: statuses in the window: {in_window}"
+    return histories
