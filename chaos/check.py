@@ -108,6 +108,7 @@ class JobReport:
     missed: Counter[str] = field(default_factory=Counter)
     unexplained_missed: list[int] = field(default_factory=list)
     not_taken_over: list[str] = field(default_factory=list)
+    ended_unrecorded: list[str] = field(default_factory=list)
     early_starts: list[str] = field(default_factory=list)
     late_starts: list[str] = field(default_factory=list)
 
@@ -364,6 +365,12 @@ def _check_attempts(report: JobReport, slot: int, runs: list[HistoryRun],
     if not leases and any(r.status == "running" for r in runs):
         # The runner died before recording the end (with or without doing the work).
         report.abandoned += 1
+    for e in ends:
+        r = known.get(e.attempt)
+        if r is None or r.status != "success":
+            report.ended_unrecorded.append(
+                f"slot {slot} attempt {e.attempt}: handler on pid {e.pid} wrote its end but "
+                f"history says {r.status if r else 'nothing'} ({r.error if r else ''})")
     for r in runs:
         if r.status == "success" and not any(e.attempt == r.attempt for e in ends):
             report.lost.append(f"slot {slot} attempt {r.attempt}: 'success' in history but "
@@ -549,6 +556,7 @@ def format_report(report: BackendReport) -> str:
             (f"{j.name} started later than max_late_ms", j.late_starts),
             (f"{j.name} missed slots, unexplained", [str(s) for s in j.unexplained_missed]),
             (f"{j.name} interrupted with attempts left, never taken over", j.not_taken_over),
+            (f"{j.name} handler ended but its attempt is not a success", j.ended_unrecorded),
         ]
         if j.failed:
             out.append(f"{j.name}: failed by reason: " +
