@@ -9,6 +9,8 @@ backend to it.
 =====================  ========================================  =====================
 state of (job, slot)   condition                                 write → outcome
 =====================  ========================================  =====================
+none                   the slot is more than                     none → ``early``
+                       ``EARLY_TOLERANCE_MS`` in the future
 none                   first attempt claimed later than          record ``skipped``
                        ``max_late_ms`` after the slot            (late) → ``late``
 none                   another run of the job holds a live       record ``skipped``
@@ -43,6 +45,8 @@ __all__ = ["Action", "Decision", "RunState", "decide", "needs_overlap_check"]
 LEASE_EXPIRED = "lease expired: the runner stopped heartbeating"
 GAVE_UP = "lease expired: the runner stopped heartbeating; max_attempts reached"
 HANDED_OVER = "handed over: the runner was stopping"
+#: How far ahead of the store's clock a first claim may come (an instance's clock error).
+EARLY_TOLERANCE_MS = 1_000
 OVERLAP_SKIP = "overlap: an earlier run of this job still holds a live lease"
 
 
@@ -99,6 +103,8 @@ def decide(
     :func:`needs_overlap_check` says so.
     """
     if state is None:
+        if request.slot > now_ms + EARLY_TOLERANCE_MS and not request.manual:
+            return Decision(ClaimOutcome.EARLY)
         if request.max_late_ms is not None and now_ms > request.slot + request.max_late_ms:
             return Decision(ClaimOutcome.LATE, Action.SKIP, 1, late_error(request, now_ms))
         if not request.overlap and other_live:

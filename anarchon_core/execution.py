@@ -25,6 +25,7 @@ log = logging.getLogger("anarchon.run")
 Handler = Callable[[JobContext], Any]
 _COOPERATION_S = 1.0
 _RECORD_RETRY_S = 30.0
+_BEATS_STOP_S = 1.0
 _RECORD_DELAYS_S = (0.1, 0.2, 0.5, 1.0)
 
 
@@ -69,6 +70,7 @@ class Attempt:
         #: How long a handler asked to stop may take to return before the run is ended.
         self.cooperation_s = _COOPERATION_S
         self._cancel = asyncio.Event()
+        self._done = asyncio.Event()
         self._last_confirmed = time.monotonic()
         loop = asyncio.get_running_loop()
         self.ctx = JobContext(
@@ -90,6 +92,8 @@ class Attempt:
         if await self.backend.heartbeat(self.ref, self.timings.lease_ms):
             self._last_confirmed = time.monotonic()
             return
+        if self._done.is_set():
+            return  # a late heartbeat after this attempt's end: nothing to fence
         self._fence()
         raise LeaseLost(f"{self.ref.job} slot {self.ref.slot}: another attempt took over")
 
@@ -104,7 +108,13 @@ class Attempt:
         assert self.timings is not None
         period = self.timings.heartbeat_ms / 1000
         while not self.fenced:
-            await asyncio.sleep(period)
+            # Ends on the flag, not only by cancellation: some clients can swallow a task's
+            # cancellation mid-command, and a heartbeat outliving its run would keep the
+            # lease alive after the run ended.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._done.wait(), period)
+            if self._done.is_set():
+                return
             try:
                 await self.heartbeat_now()
             except LeaseLost:
@@ -154,10 +164,14 @@ class Attempt:
             self._settle(task)
         finally:
             waiter.cancel()
+            self._done.set()
             if beats is not None:
                 beats.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beats
+                await asyncio.wait({beats}, timeout=_BEATS_STOP_S)
+                if not beats.done():
+                    log.warning("%s slot %s: heartbeat did not stop when asked",
+                                self.ref.job, self.ref.slot)
+                beats.add_done_callback(_consume)
         await self._record()
         return self.as_run()
 

@@ -25,6 +25,9 @@ class ClaimOutcome(str, enum.Enum):
     * ``DONE``: the run has finished (any status) or was given up; nothing to do.
     * ``LATE``: nobody claimed the slot within ``max_late_ms`` of its time by the store's
       clock; it is recorded ``skipped`` and never run.
+    * ``EARLY``: the slot is still more than ``EARLY_TOLERANCE_MS`` in the future by the
+      store's clock (the caller's clock is ahead or was stepped); nothing is recorded and
+      the caller should claim again at the slot's time.
     """
 
     WON = "won"
@@ -33,6 +36,7 @@ class ClaimOutcome(str, enum.Enum):
     OVERLAP = "overlap"
     DONE = "done"
     LATE = "late"
+    EARLY = "early"
 
 
 @dataclass(frozen=True)

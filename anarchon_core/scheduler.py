@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -17,6 +18,7 @@ from typing import Any, TypeVar, overload
 
 from .backend import Backend, new_token
 from .context import STOPPING
+from .decision import EARLY_TOLERANCE_MS
 from .durations import Duration
 from .errors import ConfigError
 from .execution import Attempt, Handler, LeaseTimings
@@ -38,6 +40,10 @@ _RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 #: Runs stay in the store at least this long past max_late_ms/catch_up_ms.
 _KEEP_MARGIN_MS = 60_000
 DEFAULT_STOP_GRACE_MS = 5_000
+_EARLY_RETRIES = 3
+#: The wall clock moved this much more (or less) than the monotonic clock: re-sync now.
+_CLOCK_JUMP_MS = 500
+_CLOCK_CHECK_S = 2.0
 
 
 @dataclass
@@ -128,6 +134,7 @@ class Scheduler:
         self._running = False
         self._stopping = False
         self._clock_offset_ms = 0.0
+        self._clock_moved = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
         #: Synchronous twins of the coroutine methods, for sync code (see :class:`SyncScheduler`).
         self.sync = SyncScheduler(self)
@@ -348,16 +355,31 @@ class Scheduler:
         before = time.time() * 1000
         store = await self.backend.clock_ms()
         after = time.time() * 1000
-        self._clock_offset_ms = store - (before + after) / 2
+        offset = store - (before + after) / 2
+        jumped = abs(offset - self._clock_offset_ms) >= _CLOCK_JUMP_MS
+        self._clock_offset_ms = offset
+        if jumped:
+            moved, self._clock_moved = self._clock_moved, asyncio.Event()
+            moved.set()  # wakes every job loop to recompute its next slot
         if abs(self._clock_offset_ms) > 1_000:
             log.warning("this instance's clock is %.0f ms off the store's; scheduling by "
                         "the store's clock", -self._clock_offset_ms)
 
     async def _clock_loop(self) -> None:
+        """Re-measure the store's clock every minute, and at once when ours jumps."""
+        last_sync = time.monotonic()
+        wall, mono = time.time(), time.monotonic()
         while True:
-            await asyncio.sleep(_CLOCK_REFRESH_S)
+            await asyncio.sleep(_CLOCK_CHECK_S)
+            jump_ms = ((time.time() - wall) - (time.monotonic() - mono)) * 1000
+            wall, mono = time.time(), time.monotonic()
+            if abs(jump_ms) < _CLOCK_JUMP_MS and mono - last_sync < _CLOCK_REFRESH_S:
+                continue
+            if abs(jump_ms) >= _CLOCK_JUMP_MS:
+                log.warning("this instance's clock jumped by %.0f ms; re-syncing", jump_ms)
             try:
                 await self._refresh_clock()
+                last_sync = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - keep the last offset
                 log.debug("clock refresh failed: %s", exc)
 
@@ -391,8 +413,13 @@ class Scheduler:
             slot = job.schedule.next_after(max(last, round(self._now_ms())))
             last = slot
             fire_at = slot + random.uniform(0, job.options.jitter_ms)
-            while (wait := fire_at - self._now_ms()) > 0:  # noqa: ASYNC110 - a clock target
-                await asyncio.sleep(min(wait / 1000, _MAX_SLEEP_S))
+            moved = self._clock_moved
+            while (wait := fire_at - self._now_ms()) > 0 and not moved.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(moved.wait(), min(wait / 1000, _MAX_SLEEP_S))
+            if moved.is_set():
+                last = round(self._now_ms())  # our clock was corrected: recompute the slot
+                continue
             self._spawn(self._claim_and_handle(job, slot))
 
     async def _catch_up(self, job: _Job) -> None:
@@ -423,6 +450,21 @@ class Scheduler:
         request = self._request(job, slot, max_late_ms=max_late_ms)
         give_up_at = slot + (request.max_late_ms or job.options.max_late_ms)
         result = await self._claim(request, give_up_at)
+        for _ in range(_EARLY_RETRIES):
+            if result is None or result.outcome is not ClaimOutcome.EARLY or self._stopping:
+                break
+            # The store's clock says the slot has not come: ours jumped. Re-measure; the job
+            # loop then recomputes its slots, and a slot still far off is left to it.
+            log.warning("%s slot %s: claimed early by the store's clock; re-syncing",
+                        job.name, slot)
+            with contextlib.suppress(Exception):
+                await self._refresh_clock()
+            wait_ms = slot - self._now_ms()
+            if wait_ms > EARLY_TOLERANCE_MS:
+                return
+            await asyncio.sleep(max(0.0, wait_ms) / 1000 + 0.01)
+            request = self._request(job, slot, max_late_ms=max_late_ms)
+            result = await self._claim(request, give_up_at)
         if result is None or self._stopping:
             return
         log.debug("%s slot %s: %s", job.name, slot, result.outcome.value)

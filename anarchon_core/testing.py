@@ -93,7 +93,8 @@ class MemoryBackend(Backend):
             elif decision.action is Action.GIVE_UP and current is not None:
                 current.status, current.finished_at = "interrupted", now
                 current.error, current.lease_until = decision.error, None
-            self._runs[key] = attempts
+            if attempts:
+                self._runs[key] = attempts
             token = request.token if decision.outcome is ClaimOutcome.WON else None
             return ClaimResult(decision.outcome, decision.attempt, token,
                                decision.lease_until_ms)

@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import Redis, RedisCluster
 
-from ..decision import GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
+from ..decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
 from ..errors import ConfigError
 from ..url import mask_url
 
@@ -47,7 +47,7 @@ _OWN_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout
 #: Texts the Lua scripts take from Python (``"@NAME@"`` in a script), so that
 #: :mod:`anarchon_core.decision` stays their one source.
 _LUA_CONSTANTS = {"LEASE_EXPIRED": LEASE_EXPIRED, "GAVE_UP": GAVE_UP,
-                  "OVERLAP_SKIP": OVERLAP_SKIP}
+                  "OVERLAP_SKIP": OVERLAP_SKIP, "EARLY_TOLERANCE_MS": str(EARLY_TOLERANCE_MS)}
 
 
 def plain(value: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,7 +90,7 @@ class SqliteBackend(Backend):
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000,
                                    isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(conn, self.busy_timeout_ms)
             conn.execute("PRAGMA synchronous = NORMAL")
             self._conn = conn
         return fn(self._conn)
@@ -181,6 +182,23 @@ class SqliteBackend(Backend):
             .fetchall()
         )
         return rows_to_runs(rows)
+
+
+def _switch_to_wal(conn: sqlite3.Connection, timeout_ms: int) -> None:
+    """Set WAL mode, retrying while another process holds the file (bounded).
+
+    The switch needs an exclusive moment that the busy timeout does not wait for, so
+    processes opening a fresh file together can see "database is locked".
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _sqlite_path(url: str) -> str:

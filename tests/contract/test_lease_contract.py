@@ -190,6 +190,16 @@ async def test_late_first_claim_is_skipped(lease_backend: Backend) -> None:
                                           max_late_ms=10_000))).won
 
 
+async def test_claim_far_ahead_of_the_store_clock_is_refused_unrecorded(
+    lease_backend: Backend,
+) -> None:
+    now = await slot_now(lease_backend)
+    early = await lease_backend.claim(req(now + 30_000, "skewed"))
+    assert early.outcome is ClaimOutcome.EARLY
+    assert await lease_backend.history("job") == []
+    assert (await lease_backend.claim(req(now + 500, "on-time"))).won
+
+
 async def test_release_hands_over_at_once(lease_backend: Backend) -> None:
     slot = await slot_now(lease_backend)
     r = req(slot, "a", lease_ms=60_000)
@@ -230,7 +240,7 @@ async def test_live_manual_run_makes_scheduled_slot_overlap(lease_backend: Backe
 
 
 async def test_history_is_newest_first_and_limited(lease_backend: Backend) -> None:
-    base = await slot_now(lease_backend)
+    base = await slot_now(lease_backend) - 10_000
     for i in range(5):
         r = req(base + i * 1000, overlap=True)
         await lease_backend.claim(r)
@@ -281,11 +291,11 @@ async def test_trimming_keeps_runs_a_late_claim_could_ask_for(lease_backend: Bac
 
 
 async def test_history_ttl_drops_old_runs(lease_backend: Backend) -> None:
-    # 400 runs older than the TTL, then 600 within it: trimming runs on a random ~5 % of
-    # won claims, so one of the last 600 trims everything older (P(miss) ≈ 4e-14).
+    # 700 runs older than the TTL, then 300 within it: trimming runs on a random ~5 % of
+    # won claims, so one of the last 300 trims everything older (P(miss) ≈ 2e-7).
     now = await slot_now(lease_backend)
     for i in range(1000):
-        r = req(now - 700_000 + i * 1_000, overlap=True, history_ttl_ms=300_000)
+        r = req(now - 1_000_000 + i * 1_000, overlap=True, history_ttl_ms=300_000)
         await lease_backend.claim(r)
         await lease_backend.finish(ref(r, 1), "success")
     runs = await lease_backend.history("job", limit=2000)

@@ -8,6 +8,7 @@
 local LEASE_EXPIRED = "@LEASE_EXPIRED@"
 local GAVE_UP = "@GAVE_UP@"
 local OVERLAP_SKIP = "@OVERLAP_SKIP@"
+local EARLY_TOLERANCE_MS = tonumber("@EARLY_TOLERANCE_MS@")
 if redis.replicate_commands then redis.replicate_commands() end
 local P = {}
 for x in string.gmatch(ARGV[3], '%S+') do P[#P + 1] = x end
@@ -136,6 +137,7 @@ local function start(attempt)
 end
 
 if not st then
+  if manual ~= '1' and slot > now + EARLY_TOLERANCE_MS then return {'early', 0, ''} end
   if max_late >= 0 and now > slot + max_late then
     record_skip(string.format('late: first claimed %s ms after its time (max_late_ms=%s)',
                               num(now - slot), P[6]))
