@@ -81,6 +81,8 @@ class Attempt:
 
     def request_cancel(self, reason: str) -> None:
         """Ask the handler to stop (``timeout``, ``stopping`` or ``lease lost``)."""
+        if self.finished_at is not None:
+            return  # the handler is over; only its end is being recorded
         self.ctx._cancel(reason)
         self._cancel.set()
 

@@ -169,3 +169,23 @@ async def test_run_now_through_the_scheduler(handle: StoreHandle, namespace: str
         assert (stored.slot, stored.manual, stored.status) == (run.slot, True, "success")
     finally:
         await scheduler.stop()
+
+
+async def test_reconnects_when_the_amqp_connection_dies_under_aio_pika(
+    handle: StoreHandle, namespace: str
+) -> None:
+    # What a broker-side close (e.g. INTERNAL_ERROR 541) leaves behind: aio-pika still
+    # reports the connection open while the AMQP connection under it is gone.
+    backend = tracked_backend(handle.extra, namespace)
+    await backend.start()
+    try:
+        slot = await backend.clock_ms()
+        assert (await backend.claim(req(slot))).won
+        dead = backend._conn
+        assert dead is not None
+        await dead.transport.connection.close()
+        assert not dead.is_closed
+        assert (await backend.claim(req(slot + 1))).won
+        assert backend._conn is not dead
+    finally:
+        await backend.stop()

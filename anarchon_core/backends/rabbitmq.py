@@ -121,6 +121,16 @@ def scrub(text: str) -> str:
     return _CREDENTIALS.sub(r"//\1:***@", text)
 
 
+def _alive(conn: AbstractConnection) -> bool:
+    """Whether a connection can still be used.
+
+    A connection the broker closed (for example with INTERNAL_ERROR) can still report
+    ``is_closed`` False in aio-pika; the aiormq connection under it tells the truth.
+    """
+    amqp = getattr(getattr(conn, "transport", None), "connection", None)
+    return not conn.is_closed and amqp is not None and not amqp.is_closed
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -224,10 +234,10 @@ class RabbitMQBackend(ClaimOnlyBackend):
         if self._given is not None:
             return self._given
         conn = self._conn
-        if conn is not None and not conn.is_closed:
+        if conn is not None and _alive(conn):
             return conn
         async with self._conn_lock:
-            if self._conn is None or self._conn.is_closed:
+            if self._conn is None or not _alive(self._conn):
                 assert self._url is not None
                 self._streams.clear()
                 self._channels = [None] * len(self._channels)
