@@ -44,6 +44,7 @@ _EARLY_RETRIES = 3
 #: The wall clock moved this much more (or less) than the monotonic clock: re-sync now.
 _CLOCK_JUMP_MS = 500
 _CLOCK_CHECK_S = 2.0
+_CLOCK_SAMPLES = 3
 
 
 @dataclass
@@ -352,10 +353,15 @@ class Scheduler:
         return time.time() * 1000 + self._clock_offset_ms
 
     async def _refresh_clock(self) -> None:
-        before = time.time() * 1000
-        store = await self.backend.clock_ms()
-        after = time.time() * 1000
-        offset = store - (before + after) / 2
+        # The sample with the shortest round trip bounds the error best: a reply delayed
+        # on one side only (a busy connection, a paused process) skews the midpoint.
+        samples = []
+        for _ in range(_CLOCK_SAMPLES):
+            before = time.time() * 1000
+            store = await self.backend.clock_ms()
+            after = time.time() * 1000
+            samples.append((after - before, store - (before + after) / 2))
+        offset = min(samples)[1]
         jumped = abs(offset - self._clock_offset_ms) >= _CLOCK_JUMP_MS
         self._clock_offset_ms = offset
         if jumped:

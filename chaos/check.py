@@ -423,7 +423,10 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             # takeover waits for the slot's time and its delay says nothing about leases.
             report.takeover_causes["after an early claim (no backups before the slot)"] += 1
             continue
-        if faults and (prev.started_ms is None or faults[-1].wall_ms >= prev.started_ms - 1):
+        fault_window_store_down = bool(faults) and _overlaps(
+            store_down, faults[-1].wall_ms - lease_ms, faults[-1].wall_ms)
+        if faults and (prev.started_ms is None or faults[-1].wall_ms >= prev.started_ms - 1) \
+                and not fault_window_store_down:
             fault = faults[-1]
             report.takeover_causes[f"{fault.kind}"] += 1
             # The lease ended between fault + lease - heartbeat and fault + lease: the
@@ -435,8 +438,10 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
                     f"slot {slot} attempt {r.attempt}: claimed {-delay:.0f} ms before the "
                     f"lease of pid {pid} (last heartbeat ≤ {fault.kind} time) could expire")
             continue
+        # With the store down in the lease before the fault, the runner's heartbeats did not
+        # reach it: its lease could end before fault + lease, so no delay is judged.
         lo = prev.started_ms if prev.started_ms is not None else taken - 60_000
-        if _overlaps(store_down, lo, taken):
+        if fault_window_store_down or _overlaps(store_down, lo, taken):
             report.takeover_causes["store restart"] += 1
         else:
             report.takeover_causes["other (heartbeats late: CPU or store latency)"] += 1
