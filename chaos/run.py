@@ -13,7 +13,7 @@ clock shift that did not apply.
 
 Stores: ``redis``, ``valkey``, ``postgres`` and ``nats`` get a dedicated server on a free
 port (the store-restart fault needs one); ``sqlite`` a file in the run's directory;
-``rabbitmq`` uses the shared server at 127.0.0.1:5672 (no restart fault); a URL is used as
+``rabbitmq`` starts a dedicated RabbitMQ node (restarted like the others); a URL is used as
 given, with a fresh namespace added (no restart fault). ``redis-script`` and
 ``redis-stream-id`` run the claim-only Redis strategies on a dedicated redis-server.
 """
@@ -44,13 +44,12 @@ from anarchon_core.url import mask_url
 
 from .check import BackendReport, check_run, format_report
 from .faults import Chaos, FaultLog, FaultProfile
-from .servers import NatsServer, PostgresServer, RedisServer, StoreServer
+from .servers import NatsServer, PostgresServer, RabbitMQServer, RedisServer, StoreServer
 
 __all__ = ["PROFILES", "RunResult", "Target", "chaos_jobs", "main", "open_target", "run_chaos"]
 
 log = logging.getLogger("anarchon.chaos")
 
-SHARED_RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/"
 SHARED_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 NAMED = ("sqlite", "redis", "valkey", "postgres", "rabbitmq", "nats", "redis-script",
          "redis-stream-id")
@@ -128,8 +127,9 @@ def open_target(backend: str, workdir: Path, *, restart: bool = True) -> Iterato
         notes.append("nats-server 2.9 fsyncs JetStream periodically: restarts are clean "
                      "(SIGTERM), never crashes")
     elif backend == "rabbitmq":
-        url = _with_param(SHARED_RABBITMQ, f"prefix={ns}.")
-        notes.append("RabbitMQ runs on the shared server: the store-restart fault is skipped")
+        server = RabbitMQServer(workdir / "server")
+        server.start()
+        url = _with_param(server.url, f"prefix={ns}.")
     elif "://" in backend:
         url = _with_param(backend, _namespace_param(backend, ns))
         notes.append("a store given by URL is shared: the store-restart fault is skipped")

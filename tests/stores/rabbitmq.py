@@ -1,4 +1,4 @@
-"""The shared RabbitMQ (127.0.0.1:5672, or ANARCHON_TEST_AMQP), one prefix per namespace.
+"""A RabbitMQ node of the test session (or ANARCHON_TEST_AMQP); a prefix per namespace.
 
 Run queues expire by themselves; the format queue and the history streams a namespace
 made are deleted when the session ends (the handle remembers them).
@@ -7,6 +7,7 @@ made are deleted when the session ends (the handle remembers them).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Iterator
@@ -18,10 +19,34 @@ import aio_pika
 
 from anarchon_core.backends.rabbitmq import RabbitMQBackend
 from anarchon_core.url import mask_url
+from chaos.servers import RabbitMQServer
 
 from . import StoreHandle, StoreSpec, unavailable
 
-URL = os.environ.get("ANARCHON_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+SHARED_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _dedicated_url() -> str:
+    """A RabbitMQ node of the test session's own (started once, stopped at exit).
+
+    Tests declare and crash many queues and streams; on a node of their own nothing they do
+    can degrade the machine's shared broker. ``ANARCHON_TEST_AMQP`` points them elsewhere.
+    """
+    given = os.environ.get("ANARCHON_TEST_AMQP")
+    if given:
+        return given
+    try:
+        server = RabbitMQServer()
+        server.start()
+    except (RuntimeError, OSError, LookupError) as exc:
+        print(f"no dedicated RabbitMQ node ({exc}); the tests use {SHARED_URL}")
+        return SHARED_URL
+    atexit.register(server.stop)
+    os.environ["ANARCHON_TEST_AMQP"] = server.url
+    return server.url
+
+
+URL = _dedicated_url()
 T = TypeVar("T")
 
 
