@@ -276,7 +276,9 @@ class RabbitMQServer(StoreServer):
         if binary is None:
             raise RuntimeError("rabbitmq-server not found on PATH")
         self.binary = binary
-        super().__init__(workdir)
+        # A directory of its own under the temp dir: the node runs as the rabbitmq user,
+        # which cannot enter a caller's private directory (pytest's tmp_path is 0700).
+        super().__init__(None)
         self.dist_port = free_port()
         shutil.chown(self.workdir, "rabbitmq", "rabbitmq")
 
