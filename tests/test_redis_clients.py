@@ -9,6 +9,7 @@ passed stays open after ``stop()``; anarchon's own connection is closed.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,16 @@ from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from .stores import StoreHandle, unavailable
 from .stores.redis import SHARED_URL
+
+
+def require(module: str) -> Any:
+    """Import a client library; a missing one skips loudly, and fails under CI=true."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        unavailable(f"the {module} client", str(exc))
+        raise
+
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -121,7 +132,7 @@ async def test_valkey_backend_with_a_valkey_client(store_handles: Getter,
 # ---------------------------------------------------------------- Valkey GLIDE
 
 def glide_config(cluster: bool, port: int) -> Any:
-    glide = pytest.importorskip("glide")
+    glide = require("glide")
     address = [glide.NodeAddress("127.0.0.1", port)]
     if cluster:
         return glide.GlideClusterClientConfiguration(address)
@@ -133,7 +144,7 @@ def glide_config(cluster: bool, port: int) -> Any:
                          ids=["redis", "valkey", "redis-cluster"])
 async def test_glide_async_client(cluster: bool, server: str, store_handles: Getter,
                                   namespace: str) -> None:
-    glide = pytest.importorskip("glide")
+    glide = require("glide")
     port = cluster_port(store_handles) if cluster else (
         6379 if server == "redis" else valkey_port(store_handles))
     cls = glide.GlideClusterClient if cluster else glide.GlideClient
@@ -151,7 +162,7 @@ async def test_glide_async_client(cluster: bool, server: str, store_handles: Get
 @pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
 async def test_glide_sync_client(cluster: bool, store_handles: Getter,
                                  namespace: str) -> None:
-    glide_sync = pytest.importorskip("glide_sync")
+    glide_sync = require("glide_sync")
     port = cluster_port(store_handles) if cluster else 6379
     cls = glide_sync.GlideClusterClient if cluster else glide_sync.GlideClient
     client = cls.create(glide_config(cluster, port))
