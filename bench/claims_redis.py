@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from anarchon_core.backend import new_token
 from anarchon_core.backends.redis import RedisBackend
-from anarchon_core.backends.redis_clients import Commands
+from anarchon_core.backends.redis.clients import Commands
 from anarchon_core.models import ClaimRequest
 
 from .common import Measurement, print_table

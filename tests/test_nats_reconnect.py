@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from anarchon_core.backend import new_token
+from anarchon_core.backends.claimrecords import claim_record, encode_json
 from anarchon_core.backends.nats import NatsBackend
-from anarchon_core.claimrecords import claim_record, encode_json
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from .stores import unavailable

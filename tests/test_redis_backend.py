@@ -28,8 +28,8 @@ from anarchon_core.backends.redis import (
     ValkeyBackend,
     ValkeyClaimOnlyBackend,
 )
-from anarchon_core.backends.redis_claims import IdmpState, claim_only
-from anarchon_core.backends.redis_clients import Commands, LuaScript, open_client
+from anarchon_core.backends.redis.claims import IdmpState, claim_only
+from anarchon_core.backends.redis.clients import Commands, LuaScript, open_client
 from anarchon_core.decision import late_error
 from anarchon_core.errors import ConfigError, StoreFormatError, UnsupportedStrategyError
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef

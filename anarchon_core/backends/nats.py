@@ -53,7 +53,12 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
-from ..claimrecords import (
+from ..decision import late_error
+from ..errors import ConfigError, StoreError, StoreFormatError
+from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..naming import validate_job_name, validate_prefix
+from ..url import mask_url, split_namespace_params
+from .claimrecords import (
     claim_record,
     decode_json,
     encode_json,
@@ -61,11 +66,6 @@ from ..claimrecords import (
     result_record,
     runs_from_records,
 )
-from ..decision import late_error
-from ..errors import ConfigError, StoreError, StoreFormatError
-from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
-from ..naming import validate_job_name, validate_prefix
-from ..url import mask_url, split_namespace_params
 
 if TYPE_CHECKING:
     from ..options import JobOptions

@@ -1,6 +1,6 @@
 """PostgreSQL: the lease backend on a shared database (psycopg 3).
 
-Runs are stored one row per attempt, exactly as :mod:`anarchon_core.sqlstore` lays them
+Runs are stored one row per attempt, exactly as :mod:`anarchon_core.backends.sqlstore` lays them
 out, and every claim runs that module's steps inside one transaction. What is specific to
 PostgreSQL is only how the steps are executed:
 
@@ -41,8 +41,8 @@ from ..decision import HANDED_OVER
 from ..errors import ConfigError, StoreError
 from ..models import ClaimRequest, ClaimResult, Run, RunRef
 from ..naming import validate_table
-from ..sqlstore import SqlQueries, Step, check_format, claim_steps, ref_params, rows_to_runs
 from ..url import NAMESPACE_PARAMS, mask_url, split_namespace_params
+from .sqlstore import SqlQueries, Step, check_format, claim_steps, ref_params, rows_to_runs
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -52,7 +52,7 @@ __all__ = ["PostgresBackend"]
 logger = logging.getLogger("anarchon.postgres")
 
 T = TypeVar("T")
-#: A transaction written as steps (see :mod:`anarchon_core.sqlstore`); made fresh per try.
+#: A transaction written as steps (see :mod:`anarchon_core.backends.sqlstore`); made fresh per try.
 Work = Callable[[], Generator[Step, Any, T]]
 Connection = Union[
     str, "psycopg.AsyncConnection[Any]", "psycopg.Connection[Any]",

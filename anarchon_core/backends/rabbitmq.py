@@ -16,7 +16,7 @@ half of it.
 
 History: each job has a **stream queue** ``<prefix><job>.history`` holding one claim
 record per won run and one result record per finished run (see
-:mod:`anarchon_core.claimrecords`). A stream is read without being consumed, so
+:mod:`anarchon_core.backends.claimrecords`). A stream is read without being consumed, so
 concurrent readers and writers never disturb each other. Because AMQP cannot tell a
 stream reader where the stream ends, :meth:`history` first appends a small marker
 record and reads from the start of the stream until it sees its own marker. The stream
@@ -59,7 +59,12 @@ from aio_pika.exceptions import (
 )
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
-from ..claimrecords import (
+from ..decision import late_error
+from ..errors import ConfigError, StoreError, StoreFormatError
+from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..naming import validate_job_name, validate_prefix
+from ..url import mask_url, split_namespace_params
+from .claimrecords import (
     claim_record,
     decode_json,
     encode_json,
@@ -67,11 +72,6 @@ from ..claimrecords import (
     result_record,
     runs_from_records,
 )
-from ..decision import late_error
-from ..errors import ConfigError, StoreError, StoreFormatError
-from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
-from ..naming import validate_job_name, validate_prefix
-from ..url import mask_url, split_namespace_params
 
 if TYPE_CHECKING:
     from ..options import JobOptions

@@ -25,8 +25,8 @@ from ..decision import HANDED_OVER
 from ..errors import ConfigError
 from ..models import ClaimRequest, ClaimResult, Run, RunRef
 from ..naming import validate_table
-from ..sqlstore import ClaimSteps, SqlQueries, check_format, claim_steps, ref_params, rows_to_runs
 from ..url import split_namespace_params
+from .sqlstore import ClaimSteps, SqlQueries, check_format, claim_steps, ref_params, rows_to_runs
 
 __all__ = ["SqliteBackend"]
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal, TypedDict, Union
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = [
     "Idmp", "IdmpDict", "Lease", "LeaseDict", "RedisStrategy", "Script", "ScriptDict",

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..decision import late_error
-from ..errors import StoreError
-from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
-from ..schedules import ms_to_datetime
-from .redis_clients import Commands, LuaScript
-from .redis_keys import redis_key
-from .redis_lease import run_score
-from .redis_strategies import Idmp, Script, Strategy, StreamId
+from ...decision import late_error
+from ...errors import StoreError
+from ...models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ...schedules import ms_to_datetime
+from .clients import Commands, LuaScript
+from .keys import redis_key
+from .lease import run_score
+from .strategies import Idmp, Script, Strategy, StreamId
 
 __all__ = ["IdmpState", "claim_only", "claim_only_finish", "claim_only_history"]
 

@@ -9,11 +9,11 @@
   opens its own ``redis.asyncio`` connection from a URL or options and closes it in
   :meth:`~RedisBackend.stop`; a client you pass in is yours and stays open.
 * ``strategy``: :class:`Lease` (default), :class:`StreamId`, :class:`Idmp`,
-  :class:`Script`, a name, or a dict (see :mod:`.redis_strategies`). Only ``lease``
+  :class:`Script`, a name, or a dict (see :mod:`.strategies`). Only ``lease``
   holds leases; with the others the backend is claim-only (``supports_leases`` is False).
 * ``prefix``: the namespace of every key (``"cron:"``).
 
-The key layout is in :mod:`.redis_keys`, the Lua scripts in ``lua/``.
+The key layout is in :mod:`.keys`, the Lua scripts in ``lua/``.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ..backend import FORMAT_VERSION, Backend, ClaimOnlyBackend
-from ..decision import HANDED_OVER
-from ..errors import ConfigError, StoreFormatError, UnsupportedStrategyError
-from ..models import ClaimRequest, ClaimResult, Run, RunRef
-from ..naming import validate_job_name, validate_prefix
-from ..url import mask_url, split_namespace_params
-from .redis_claims import IdmpState, claim_only, claim_only_finish, claim_only_history
-from .redis_clients import (
+from ...backend import FORMAT_VERSION, Backend, ClaimOnlyBackend
+from ...decision import HANDED_OVER
+from ...errors import ConfigError, StoreFormatError, UnsupportedStrategyError
+from ...models import ClaimRequest, ClaimResult, Run, RunRef
+from ...naming import validate_job_name, validate_prefix
+from ...url import mask_url, split_namespace_params
+from .claims import IdmpState, claim_only, claim_only_finish, claim_only_history
+from .clients import (
     DEFAULT_URL,
     Commands,
     LuaScript,
@@ -38,9 +38,9 @@ from .redis_clients import (
     check_url,
     open_client,
 )
-from .redis_keys import redis_key
-from .redis_lease import lease_claim, lease_history, lease_update, run_score
-from .redis_strategies import (
+from .keys import redis_key
+from .lease import lease_claim, lease_history, lease_update, run_score
+from .strategies import (
     Idmp,
     Lease,
     RedisStrategy,
@@ -52,7 +52,7 @@ from .redis_strategies import (
 )
 
 if TYPE_CHECKING:
-    from ..options import JobOptions
+    from ...options import JobOptions
 
 __all__ = [
     "Idmp", "Lease", "RedisBackend", "RedisClaimOnlyBackend", "Script", "StreamId",

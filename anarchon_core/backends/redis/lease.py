@@ -13,11 +13,11 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from ..errors import StoreError
-from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
-from ..schedules import ms_to_datetime
-from .redis_clients import Commands, LuaScript
-from .redis_keys import LEASE_PARTS, Part, redis_key
+from ...errors import StoreError
+from ...models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ...schedules import ms_to_datetime
+from .clients import Commands, LuaScript
+from .keys import LEASE_PARTS, Part, redis_key
 
 __all__ = ["lease_claim", "lease_history", "lease_update", "run_id", "run_score"]
 

@@ -30,9 +30,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import Redis, RedisCluster
 
-from ..decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
-from ..errors import ConfigError
-from ..url import mask_url
+from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
+from ...errors import ConfigError
+from ...url import mask_url
 
 __all__ = ["Commands", "LuaScript", "adapt_client", "client_label", "open_client", "plain"]
 
@@ -104,7 +104,7 @@ class LuaScript:
     @cache
     def load(cls, name: str) -> LuaScript:
         """Read ``lua/<name>.lua`` from the package."""
-        folder = resources.files("anarchon_core.backends").joinpath("lua")
+        folder = resources.files("anarchon_core.backends.redis").joinpath("lua")
         source = folder.joinpath(f"{name}.lua").read_text("utf-8")
         for constant, text in _LUA_CONSTANTS.items():
             # A Lua string literal: JSON's escapes of '"' and '\\' are Lua's too.

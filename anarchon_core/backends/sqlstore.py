@@ -15,11 +15,11 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backend import FORMAT_VERSION
-from .decision import Action, RunState, decide, needs_overlap_check
-from .errors import StoreFormatError
-from .models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
-from .schedules import ms_to_datetime
+from ..backend import FORMAT_VERSION
+from ..decision import Action, RunState, decide, needs_overlap_check
+from ..errors import StoreFormatError
+from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..schedules import ms_to_datetime
 
 __all__ = ["SqlQueries", "Step", "check_format", "claim_steps", "rows_to_runs"]
 

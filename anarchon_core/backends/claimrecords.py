@@ -38,9 +38,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import StoreError
-from .models import ClaimRequest, Run, RunRef
-from .schedules import ms_to_datetime
+from ..errors import StoreError
+from ..models import ClaimRequest, Run, RunRef
+from ..schedules import ms_to_datetime
 
 __all__ = [
     "RECORD_VERSION",
