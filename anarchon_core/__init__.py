@@ -16,11 +16,23 @@ from .errors import (
     Cancelled,
     ConfigError,
     LeaseLost,
+    ReadOnlyError,
     StoreError,
     StoreFormatError,
+    StoreUnavailable,
     UnsupportedStrategyError,
 )
-from .models import ClaimOutcome, ClaimRequest, ClaimResult, JobInfo, Run, RunRef
+from .models import (
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimResult,
+    ExpiredRun,
+    HistoryQuery,
+    JobInfo,
+    Run,
+    RunPage,
+    RunRef,
+)
 from .options import JobOptions
 from .scheduler import Scheduler
 from .schedules import CronSchedule, EverySchedule, Schedule
@@ -61,6 +73,8 @@ __all__ = [
     "ConfigError",
     "CronSchedule",
     "EverySchedule",
+    "ExpiredRun",
+    "HistoryQuery",
     "Idmp",
     "JobContext",
     "JobInfo",
@@ -70,8 +84,10 @@ __all__ = [
     "NatsBackend",
     "PostgresBackend",
     "RabbitMQBackend",
+    "ReadOnlyError",
     "RedisBackend",
     "Run",
+    "RunPage",
     "RunRef",
     "Schedule",
     "Scheduler",
@@ -79,6 +95,7 @@ __all__ = [
     "SqliteBackend",
     "StoreError",
     "StoreFormatError",
+    "StoreUnavailable",
     "StreamId",
     "SyncScheduler",
     "UnsupportedStrategyError",

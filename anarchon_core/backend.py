@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import abc
 import secrets
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from .models import ClaimRequest, ClaimResult, Run, RunRef
+from .models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 
 if TYPE_CHECKING:
     from .options import JobOptions
@@ -68,6 +69,15 @@ class Backend(abc.ABC):
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Close the connections this backend opened (never a client the user passed)."""
 
+    def tune_timeouts(self, lease_ms: int) -> None:  # noqa: B027 - optional hook
+        """Fit the timeouts and keepalives of the connections this backend opens to a lease.
+
+        Called by every scheduler that uses the backend, before :meth:`start`, with its
+        ``lease_ms`` (the shortest wins). Socket, read and connect timeouts and keepalive
+        probes of owned connections stay below it, so a dead connection is noticed while
+        the lease could still be saved. A client the user passed in is left as it is.
+        """
+
     def check_job(self, name: str, options: JobOptions) -> None:  # noqa: B027 - optional hook
         """Raise ConfigError if this backend cannot serve a job with these options."""
 
@@ -84,8 +94,9 @@ class Backend(abc.ABC):
         """Extend the lease to store-now + ``lease_ms``; False if the caller is fenced."""
 
     @abc.abstractmethod
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
-        """Record the attempt's end (``success``/``failed``/``interrupted``)."""
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
+        """Record the attempt's end (``success``/``failed``/``interrupted``) and its meta."""
 
     @abc.abstractmethod
     async def release(self, ref: RunRef) -> bool:
@@ -94,6 +105,26 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Return up to ``limit`` attempts of ``job``, newest first."""
+
+    async def runs(self, query: HistoryQuery) -> RunPage:
+        """One page of history across the namespace (or one job), newest first.
+
+        Ordered by ``(slot, job, attempt)`` descending; ``query.before`` is the cursor of
+        the previous page. Filters apply before the limit.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot page history yet")
+
+    async def job_names(self) -> dict[str, Run | None]:
+        """Every job the store holds runs of, by name, with its newest attempt."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list jobs yet")
+
+    async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
+        """Runs of ``job`` still ``running`` whose lease expired (by the store's clock).
+
+        The scheduler claims them (the decision table takes them over or gives them up),
+        so a run whose watchers are all gone is recovered. Claim-only stores have none.
+        """
+        return []
 
     def describe(self) -> str:
         """A one-line description safe to log (no secrets)."""

@@ -30,7 +30,22 @@ class StoreFormatError(AnarchonError):
 
 
 class StoreError(AnarchonError):
-    """The store answered something anarchon cannot use (corrupt or foreign data)."""
+    """The store failed or answered something anarchon cannot use (corrupt or foreign data).
+
+    Every backend wraps its driver's errors in this class (the driver's exception is the
+    ``__cause__``), so callers handle one family whatever the store.
+    """
+
+
+class StoreUnavailable(StoreError):  # noqa: N818 - reads as a state, like Cancelled
+    """A transient store failure: unreachable, timed out, connection lost, failing over.
+
+    The only store error the scheduler retries; any other error surfaces at once.
+    """
+
+
+class ReadOnlyError(StoreError):
+    """A write was asked of a backend opened with ``read_only=True``."""
 
 
 class Cancelled(AnarchonError):  # noqa: N818 - the spec's public name

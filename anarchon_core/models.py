@@ -107,6 +107,9 @@ class Run:
     finished_at: datetime | None = None
     error: str | None = None
     manual: bool = False
+    #: Small string → string mapping stored with the attempt (``ctx.meta``,
+    #: ``claim.finish(meta=...)``), e.g. the id of the Celery task a beat sent.
+    meta: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def scheduled_at(self) -> datetime:
@@ -134,3 +137,41 @@ class JobInfo:
     def next_run_at(self) -> datetime:
         """``next_slot`` as an aware UTC datetime."""
         return ms_to_datetime(self.next_slot)
+
+
+class RunPage(list[Run]):
+    """One page of history, newest first: a ``list[Run]`` with the cursor of the next page.
+
+    Pass :attr:`cursor` as ``before=`` to read the page after this one; it is ``None`` on
+    the last page. Pages are keyed on ``(slot, job, attempt)``, so runs written while a
+    reader pages never shift the pages it has not read yet.
+    """
+
+    def __init__(self, runs: list[Run] | None = None, cursor: str | None = None) -> None:
+        super().__init__(runs or [])
+        self.cursor = cursor
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """A read of the history of one namespace (see :meth:`Backend.runs`).
+
+    ``job=None`` reads every job; ``status`` and ``runner`` filter; ``before`` is the
+    cursor of the previous page (:attr:`RunPage.cursor`); ``limit`` bounds the page.
+    """
+
+    job: str | None = None
+    status: str | None = None
+    runner: str | None = None
+    before: str | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True)
+class ExpiredRun:
+    """A run still ``running`` in the store whose lease has expired (an orphan candidate)."""
+
+    job: str
+    slot: int
+    attempt: int
+    manual: bool = False

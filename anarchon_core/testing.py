@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .backend import Backend
@@ -130,7 +130,8 @@ class MemoryBackend(Backend):
         current.lease_until = self._clock() + lease_ms
         return True
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         """Record the end if ``ref`` is the current attempt."""
         current = self._current(ref)
         if current is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,8 @@ class ClaimOnly(ClaimOnlyBackend):
         self.claimed.add(key)
         return ClaimResult(ClaimOutcome.WON, attempt=1, token=request.token)
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         return True
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:

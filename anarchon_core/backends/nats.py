@@ -42,7 +42,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -434,7 +434,8 @@ class NatsBackend(ClaimOnlyBackend):
             raise StoreError(f"message {seq} of stream {self.stream} has no timestamp")
         return int(message.time.timestamp() * 1000)
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         """Record the run's result once; False if ``ref`` did not win or already ended."""
         js = await self._js()
         won = self._won.get(ref.token)

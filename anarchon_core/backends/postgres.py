@@ -28,7 +28,7 @@ import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
 
 import psycopg
@@ -244,7 +244,8 @@ class PostgresBackend(Backend):
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""
         return await self._update("heartbeat", ref, {**ref_params(ref), "lease_ms": lease_ms})
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         """Record the end of the attempt if ``ref`` is still the current attempt."""
         return await self._update("finish", ref, {**ref_params(ref), "status": status,
                                                   "error": error})

@@ -46,6 +46,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -384,7 +385,8 @@ class RabbitMQBackend(ClaimOnlyBackend):
         self._won[request.token] = _Won(request.runner, now, stream_args)
         return ClaimResult(ClaimOutcome.WON, 1, request.token)
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         """Append the run's result record; False if this backend did not win ``ref``.
 
         Only the backend object that won a run can finish it (it remembers the runner

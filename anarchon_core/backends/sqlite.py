@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -166,7 +166,8 @@ class SqliteBackend(Backend):
         """Extend the lease if ``ref`` is still the current attempt."""
         return await self._update("heartbeat", {**ref_params(ref), "lease_ms": lease_ms})
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         """Record the end of the attempt if ``ref`` is still the current attempt."""
         return await self._update("finish", {**ref_params(ref), "status": status,
                                              "error": error})

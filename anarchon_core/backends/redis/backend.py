@@ -226,7 +226,8 @@ class RedisBackend(Backend):
         return await lease_update(await self._connection(), self.prefix, "heartbeat", ref,
                                   lease_ms)
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         """Record the attempt's end if ``ref`` is the current, running attempt."""
         return await lease_update(await self._connection(), self.prefix, "finish", ref,
                                   run_score(ref.slot, ref.manual), status, error or "")
@@ -256,7 +257,8 @@ class RedisClaimOnlyBackend(ClaimOnlyBackend, RedisBackend):
         return await claim_only(await self._connection(), self.prefix, self.strategy,
                                 request, self._idmp)
 
-    async def finish(self, ref: RunRef, status: str, error: str | None = None) -> bool:
+    async def finish(self, ref: RunRef, status: str, error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
         """Record the run's result; False if it already has one."""
         return await claim_only_finish(await self._connection(), self.prefix, ref,
                                        status=status, error=error,
