@@ -39,6 +39,7 @@ from __future__ import annotations
 import abc
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from .models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
@@ -46,10 +47,30 @@ from .models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, Ru
 if TYPE_CHECKING:
     from .options import JobOptions
 
-__all__ = ["FORMAT_VERSION", "Backend", "ClaimOnlyBackend", "new_token"]
+__all__ = ["FORMAT_VERSION", "Backend", "ClaimOnlyBackend", "Retention", "new_token"]
 
 #: Version of the data layout anarchon writes. A store with a larger number is refused.
 FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much history a namespace keeps: configuration of the store, not of each claim.
+
+    ``history_size`` runs per job (about), runs older than ``history_ttl_ms`` when set, and
+    never a run newer than ``keep_ms`` (a late claim or a catch-up could still ask for it).
+    """
+
+    history_size: int = 1000
+    history_ttl_ms: int | None = None
+    keep_ms: int = 0
+
+    def merge(self, other: Retention) -> Retention:
+        """The retention that satisfies both (several schedulers sharing one backend)."""
+        ttl = (None if self.history_ttl_ms is None or other.history_ttl_ms is None
+               else max(self.history_ttl_ms, other.history_ttl_ms))
+        return Retention(max(self.history_size, other.history_size), ttl,
+                         max(self.keep_ms, other.keep_ms))
 
 
 def new_token() -> str:
@@ -62,6 +83,13 @@ class Backend(abc.ABC):
 
     #: Whether the store holds leases: backups, takeover, overlap, catch-up, hand-over.
     supports_leases: ClassVar[bool] = True
+    #: What the namespace keeps; set through :meth:`configure_retention`.
+    retention: Retention = Retention()
+
+    def configure_retention(self, retention: Retention) -> None:
+        """Widen this namespace's retention to cover ``retention`` (schedulers call it)."""
+        self.retention = self.retention.merge(retention) if "retention" in vars(self) \
+            else retention
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect, create what is missing and check the store format."""
