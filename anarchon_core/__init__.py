@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .backend import FORMAT_VERSION, Backend, ClaimOnlyBackend, new_token
+from .claim import ClaimHandle, SyncClaimHandle
 from .context import JobContext
 from .errors import (
     AnarchonError,
@@ -34,8 +35,9 @@ from .models import (
     RunRef,
 )
 from .options import JobOptions
-from .scheduler import Scheduler
+from .scheduler import NotClaimed, Scheduler, run_forever
 from .schedules import CronSchedule, EverySchedule, Schedule
+from .slots import slot_from_datetime, slot_to_datetime
 from .sync import SyncScheduler
 from .url import backend_from_url, mask_url
 
@@ -66,6 +68,7 @@ __all__ = [
     "AnarchonError",
     "Backend",
     "Cancelled",
+    "ClaimHandle",
     "ClaimOnlyBackend",
     "ClaimOutcome",
     "ClaimRequest",
@@ -82,6 +85,7 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "NatsBackend",
+    "NotClaimed",
     "PostgresBackend",
     "RabbitMQBackend",
     "ReadOnlyError",
@@ -97,12 +101,16 @@ __all__ = [
     "StoreFormatError",
     "StoreUnavailable",
     "StreamId",
+    "SyncClaimHandle",
     "SyncScheduler",
     "UnsupportedStrategyError",
     "ValkeyBackend",
     "backend_from_url",
     "mask_url",
     "new_token",
+    "run_forever",
+    "slot_from_datetime",
+    "slot_to_datetime",
 ]
 
 

@@ -1,4 +1,4 @@
-"""The :class:`Scheduler`: registration, the per-job timer loops, backups and stop."""
+"""The :class:`Scheduler`: registration, the per-job timer loops, claims, backups and stop."""
 
 from __future__ import annotations
 
@@ -9,34 +9,45 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
-from .backend import Backend, new_token
-from .context import STOPPING
-from .decision import EARLY_TOLERANCE_MS
+from . import sharing
+from .backend import Backend, Retention, new_token
+from .claim import ClaimHandle, LeaseTimings, retry_delay
+from .decision import EARLY_TOLERANCE_MS, OVERLAP_SKIP, late_error
 from .durations import Duration
-from .errors import ConfigError
-from .execution import Attempt, Handler, LeaseTimings
-from .models import ClaimOutcome, ClaimRequest, ClaimResult, JobInfo, Run, RunRef
+from .errors import ConfigError, StoreUnavailable
+from .execution import Attempt, Handler
+from .models import (
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimResult,
+    ExpiredRun,
+    HistoryQuery,
+    JobInfo,
+    Run,
+    RunPage,
+    RunRef,
+)
 from .naming import validate_job_name
 from .options import JobOptions
 from .schedules import CronSchedule, EverySchedule, Schedule
 from .sync import SyncScheduler
+from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
 from .url import backend_from_url
 
-__all__ = ["Scheduler"]
+__all__ = ["NotClaimed", "Scheduler", "run_forever"]
 
 log = logging.getLogger("anarchon.scheduler")
 
 H = TypeVar("H", bound=Handler)
 _CLOCK_REFRESH_S = 60.0
 _MAX_SLEEP_S = 30.0          # long waits are cut so clock corrections apply
-_RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 #: Runs stay in the store at least this long past max_late_ms/catch_up_ms.
 _KEEP_MARGIN_MS = 60_000
 DEFAULT_STOP_GRACE_MS = 5_000
@@ -45,16 +56,46 @@ _EARLY_RETRIES = 3
 _CLOCK_JUMP_MS = 500
 _CLOCK_CHECK_S = 2.0
 _CLOCK_SAMPLES = 3
+#: Orphan recovery: jobs looked at per period, and expired runs read per job.
+_ORPHAN_JOBS_PER_PERIOD = 50
+_ORPHAN_RUNS_PER_JOB = 10
+#: The largest page asked of a store in one read.
+_STORE_PAGE = 1_000
+#: How long stop() waits for runs whose handler returned to record their end.
+_RECORD_WAIT_S = 10.0
 
 
 @dataclass
 class _Job:
     name: str
-    schedule: Schedule
-    handler: Handler
+    schedule: Schedule | None
+    handler: Handler | None
     options: JobOptions
     loop_task: asyncio.Task[None] | None = None
-    watching: set[int] = field(default_factory=set)
+    watching: set[tuple[int, bool]] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class NotClaimed:
+    """Why :meth:`Scheduler.try_claim` did not win a slot (falsy).
+
+    ``outcome`` is the claim's answer (``taken``, ``running``, ``overlap``, ``done``,
+    ``late``, ``early``) and ``reason`` says it in words, as history records a skip.
+    """
+
+    job: str
+    slot: int
+    outcome: ClaimOutcome
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __enter__(self) -> None:
+        """``with scheduler.sync.claim(...) as claim:`` gives None for a slot not won."""
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 def _resolve_backend(backend: Backend | str | None) -> Backend:
@@ -82,21 +123,28 @@ class Scheduler:
     """Runs registered jobs; every instance runs the same, and each slot runs once.
 
     :param backend: a :class:`Backend`, a URL (see :func:`backend_from_url`) or ``None``
-        for the URL in ``ANARCHON_URL``, else Redis on localhost:6379.
+        for the URL in ``ANARCHON_URL``, else Redis on localhost:6379. Several schedulers
+        may share one backend object (on one event loop).
     :param instance_id: recorded in history; default ``"<hostname>:<pid>"``.
     :param lease_ms: lease length (lease backends only); default 30 s.
     :param heartbeat_ms: heartbeat period, smaller than ``lease_ms``; default a third of it.
     :param history_size: about how many runs per job the store keeps.
     :param history_ttl_ms: if set, runs older than this are dropped too.
+    :param handler_threads: size of the thread pool for sync handlers (default 32).
+    :param stop_grace_ms: how long :meth:`stop` lets handlers finish (default 5 s).
 
     Use it with ``await start()``/``await stop()``, ``async with scheduler:``,
     :meth:`run_forever` in scripts, or through :attr:`sync` from synchronous code.
+    ``every``, ``cron``, ``define`` and ``remove`` may be called from any thread, also
+    while the scheduler runs.
     """
 
     def __init__(
         self, backend: Backend | str | None = None, *, instance_id: str | None = None,
         lease_ms: int | None = None, heartbeat_ms: int | None = None,
         history_size: int = 1000, history_ttl_ms: int | None = None,
+        handler_threads: int = DEFAULT_HANDLER_THREADS,
+        stop_grace_ms: int = DEFAULT_STOP_GRACE_MS,
     ) -> None:
         self.backend = _resolve_backend(backend)
         if not self.backend.supports_leases and (lease_ms is not None or heartbeat_ms is not None):
@@ -126,19 +174,34 @@ class Scheduler:
         self.history_ttl_ms = (
             None if history_ttl_ms is None else _positive_ms("history_ttl_ms", history_ttl_ms)
         )
-        self.stop_grace_ms = DEFAULT_STOP_GRACE_MS
+        if isinstance(handler_threads, bool) or not isinstance(handler_threads, int) \
+                or not 1 <= handler_threads <= 10_000:
+            raise ConfigError(f"invalid handler_threads {handler_threads!r}: expected an int "
+                              "in 1..10000")
+        self.handler_threads = handler_threads
+        if isinstance(stop_grace_ms, bool) or not isinstance(stop_grace_ms, int) \
+                or stop_grace_ms < 0:
+            raise ConfigError(f"invalid stop_grace_ms {stop_grace_ms!r}: expected an int ≥ 0")
+        self.stop_grace_ms = stop_grace_ms
         self._jobs: dict[str, _Job] = {}
+        self._jobs_lock = threading.RLock()
         self._attempts: set[Attempt] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._backend_open = False
         self._running = False
         self._stopping = False
         self._clock_offset_ms = 0.0
-        self._clock_moved = asyncio.Event()
-        self._executor: ThreadPoolExecutor | None = None
+        self._clock_moved: asyncio.Event | None = None
+        self._threads: HandlerThreads | None = None
+        self._orphan_cursor = 0
+        self._closer: asyncio.Future[None] | None = None
         #: Synchronous twins of the coroutine methods, for sync code (see :class:`SyncScheduler`).
         self.sync = SyncScheduler(self)
+
+    def __repr__(self) -> str:
+        state = "running" if self._running else "stopped"
+        return (f"<Scheduler {self.instance_id} {state} jobs={len(self._jobs)} "
+                f"backend={self.backend.describe()}>")
 
     # ---------------------------------------------------------------- registration
 
@@ -176,6 +239,23 @@ class Scheduler:
         schedule = CronSchedule(expression, tz)
         return self._register(name, schedule, handler, options)
 
+    def define(self, name: str, schedule: Schedule | None = None, **options: Any) -> JobInfo:
+        """Register a job that this scheduler never fires itself: its caller claims slots.
+
+        For code that decides its own timing (an APScheduler executor, a Celery beat):
+        ``scheduler.define("report", max_late_ms=60_000)`` and then
+        ``await scheduler.claim("report", slot)``. Options are validated as for
+        :meth:`every`; without a ``schedule``, ``jitter_ms`` defaults to 0 and
+        ``max_late_ms`` to 60 s.
+        """
+        validate_job_name(name)
+        job_options = JobOptions.build(schedule, options, leases=self.backend.supports_leases,
+                                       now_ms=round(self._now_ms()))
+        self.backend.check_job(name, job_options)
+        with self._jobs_lock:
+            self._add(_Job(name, schedule, None, job_options))
+        return self._info(self._jobs[name])
+
     def _register(self, name: str, schedule: Schedule, handler: Handler | None,
                   options: dict[str, Any]) -> Any:
         validate_job_name(name)
@@ -188,30 +268,63 @@ class Scheduler:
         def add(fn: H) -> H:
             if not callable(fn):
                 raise ConfigError(f"invalid handler {fn!r} for job {name!r}: not callable")
-            if name in self._jobs:
-                raise ConfigError(f"job {name!r} is already registered; remove({name!r}) first")
-            job = _Job(name, schedule, fn, job_options)
-            self._jobs[name] = job
-            if self._running and not self._stopping:
-                self._start_job(job)
+            self._add(_Job(name, schedule, fn, job_options))
             return fn
 
         return add if handler is None else add(handler)
 
+    def _add(self, job: _Job) -> None:
+        with self._jobs_lock:
+            if job.name in self._jobs:
+                raise ConfigError(
+                    f"job {job.name!r} is already registered; remove({job.name!r}) first")
+            self._jobs[job.name] = job
+            self._configure_retention()
+            if self._running and not self._stopping:
+                self._on_loop(self._start_job, job)
+
     def remove(self, name: str) -> bool:
         """Unregister a job; a run already going finishes. False if there was none."""
-        job = self._jobs.pop(name, None)
+        with self._jobs_lock:
+            job = self._jobs.pop(name, None)
         if job is None:
             return False
         if job.loop_task is not None:
-            job.loop_task.cancel()
+            task, job.loop_task = job.loop_task, None
+            self._on_loop(task.cancel)
         return True
 
-    def jobs(self) -> list[JobInfo]:
-        """The registered jobs with their next slot."""
+    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn`` on the scheduler's loop: now if we are on it, else thread-safely."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if current is loop:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _info(self, job: _Job) -> JobInfo:
         now = round(self._now_ms())
-        return [JobInfo(j.name, j.schedule.describe(), j.schedule.next_after(now),
-                        j.options.as_dict()) for j in self._jobs.values()]
+        schedule = job.schedule
+        return JobInfo(job.name, schedule.describe() if schedule else "(claimed by its caller)",
+                       schedule.next_after(now) if schedule else 0, job.options.as_dict())
+
+    def jobs(self) -> list[JobInfo]:
+        """The registered jobs with their next slot (0 for jobs defined without a schedule)."""
+        with self._jobs_lock:
+            jobs = list(self._jobs.values())
+        return [self._info(j) for j in jobs]
+
+    def _configure_retention(self) -> None:
+        keep = max((max(j.options.max_late_ms, j.options.catch_up_ms) + j.options.jitter_ms
+                    for j in self._jobs.values()), default=0) + _KEEP_MARGIN_MS
+        self.backend.configure_retention(Retention(self.history_size, self.history_ttl_ms,
+                                                   keep))
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -221,16 +334,21 @@ class Scheduler:
         return self._running
 
     async def _open_backend(self) -> None:
-        if self._loop is not None and self._loop is not asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        if self._running and self._loop is not loop:
             raise RuntimeError(
-                "this Scheduler is bound to another event loop; use scheduler.sync from "
-                "other threads"
+                "this Scheduler runs on another event loop; use scheduler.sync from other "
+                "threads"
             )
-        self._loop = asyncio.get_running_loop()
-        if not self._backend_open:
-            await self.backend.start()
-            self._backend_open = True
-            await self._refresh_clock()
+        if sharing.is_open_for(self.backend, self):
+            return
+        if self.backend.supports_leases:
+            self.backend.tune_timeouts(self.lease_ms)
+        self._configure_retention()
+        await sharing.acquire(self.backend, self)
+        self._loop = loop
+        self._clock_moved = asyncio.Event()
+        await self._refresh_clock()
 
     async def start(self) -> None:
         """Connect, then claim every job's slots as they come. Returns at once."""
@@ -238,49 +356,76 @@ class Scheduler:
             return
         await self._open_backend()
         self._running, self._stopping = True, False
-        self._executor = ThreadPoolExecutor(thread_name_prefix="anarchon-handler")
+        self._threads = HandlerThreads(self.handler_threads)
         self._spawn(self._clock_loop())
-        for job in self._jobs.values():
+        if self.backend.supports_leases:
+            self._spawn(self._orphan_loop())
+        with self._jobs_lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
             self._start_job(job)
         log.info("scheduler %s started with %d job(s) on %s", self.instance_id,
-                 len(self._jobs), self.backend.describe())
+                 len(jobs), self.backend.describe())
 
     async def stop(self, grace_ms: int | None = None) -> None:
-        """Stop claiming, cancel running handlers, wait ``grace_ms``, hand over the rest.
+        """Stop claiming, ask running handlers to stop, wait ``grace_ms``, hand over.
 
-        Runs still unfinished after the grace period have their leases ended at once so
-        a backup takes the next attempt immediately. Closes the connections the backend
-        opened itself.
+        Handlers see ``ctx.cancelled`` at once; async handlers still running after the
+        grace period are cancelled as tasks. A run is handed over (its lease ended so a
+        backup takes the next attempt at once) only after its handler has returned. A
+        handler that ignores its cancellation keeps its lease until it returns or the
+        process exits (its lease then expires on its own); ``stop()`` does not wait for
+        it. Closes the connections the backend opened itself once no run needs them.
         """
+        if not self._running and not sharing.is_open_for(self.backend, self):
+            return
         grace = (self.stop_grace_ms if grace_ms is None else grace_ms) / 1000
         self._stopping = True
-        for job in self._jobs.values():
-            if job.loop_task is not None:
-                job.loop_task.cancel()
-                job.loop_task = None
+        with self._jobs_lock:
+            for job in self._jobs.values():
+                if job.loop_task is not None:
+                    job.loop_task.cancel()
+                    job.loop_task = None
         attempts = list(self._attempts)
         attempt_tasks = {a.task for a in attempts if a.task is not None}
         for task in self._tasks - attempt_tasks:
             task.cancel()
         for attempt in attempts:
-            attempt.cooperation_s = grace
-            attempt.request_cancel(STOPPING)
+            attempt.request_stop(grace)
+        pending: set[asyncio.Future[Any]] = set()
         if attempt_tasks:
-            # Each attempt waits up to `grace` for its handler, then hands over by itself.
-            _, late = await asyncio.wait(attempt_tasks, timeout=grace + 5)
-            for task in late:
-                task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
-        if self._backend_open:
-            await self.backend.stop()
-            self._backend_open = False
+            # Handlers get the grace (and async ones a moment to take their cancellation),
+            # then those whose code returned record their end or hand over.
+            codes = {a.code for a in attempts if a.code is not None}
+            if codes:
+                await asyncio.wait(codes, timeout=grace + 1.0)
+            ended = {a.task for a in attempts if a.task is not None and not a.code_running}
+            if ended:
+                await asyncio.wait(ended, timeout=_RECORD_WAIT_S)
+            pending = {t for t in attempt_tasks if not t.done()}
+            for attempt in attempts:
+                if attempt.code_running:
+                    ref = attempt.handle.ref
+                    log.warning("%s slot %s attempt %s: still running after the stop grace; "
+                                "its lease is kept until it returns or the process exits",
+                                ref.job, ref.slot, ref.attempt)
+        others = [t for t in self._tasks if t not in attempt_tasks]
+        await asyncio.gather(*others, return_exceptions=True)
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
         self._running = False
-        self._loop = None
+        if pending:
+            # Keep the backend open for the runs still going; close it once they end.
+            self._closer = asyncio.ensure_future(self._release_when_done(pending))
+        else:
+            await sharing.release(self.backend, self)
         log.info("scheduler %s stopped", self.instance_id)
+
+    async def _release_when_done(self, tasks: set[asyncio.Future[Any]]) -> None:
+        await asyncio.wait(tasks)
+        if not self._running:
+            await sharing.release(self.backend, self)
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
@@ -292,32 +437,154 @@ class Scheduler:
 
     def run_forever(self) -> None:
         """Start, run until SIGINT or SIGTERM, then stop gracefully. Blocks (for scripts)."""
+        run_forever(self)
 
-        async def main() -> None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            await self.start()
-            try:
-                await stop.wait()
-            finally:
-                await self.stop()
+    # ---------------------------------------------------------------- reading
 
-        asyncio.run(main())
+    async def history(self, job: str | None = None, limit: int = 50, *,
+                      status: str | None = None, runner: str | None = None,
+                      before: str | None = None) -> RunPage:
+        """Attempts newest first, one entry per attempt: a page of at most ``limit``.
 
-    # ---------------------------------------------------------------- reading and manual runs
-
-    async def history(self, name: str, limit: int = 20) -> list[Run]:
-        """Up to ``limit`` attempts of job ``name``, newest first (one entry per attempt).
-
-        ``name`` need not be registered here: a scheduler with no jobs reads another
-        service's history in the same namespace.
+        ``job=None`` reads every job of the namespace; ``status`` and ``runner`` filter;
+        the returned :class:`RunPage` is a list with ``.cursor``, to pass as ``before=``
+        for the next page (None on the last). ``job`` need not be registered here: a
+        scheduler with no jobs reads another service's history in the same namespace.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigError(f"invalid limit {limit!r}: expected an int ≥ 1")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ConfigError(f"invalid limit {limit!r}: expected an int in 1..10000")
+        for name, value in (("job", job), ("status", status), ("runner", runner),
+                            ("before", before)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"invalid {name} {value!r}: expected a string or None")
         await self._open_backend()
-        return await self.backend.history(name, limit)
+        page = RunPage(cursor=before)
+        while True:  # a long read is several store pages
+            query = HistoryQuery(job=job, status=status, runner=runner, before=page.cursor,
+                                 limit=min(limit - len(page), _STORE_PAGE))
+            part = await self.backend.runs(query)
+            page.extend(part)
+            page.cursor = part.cursor
+            if part.cursor is None or len(page) >= limit:
+                return page
+
+    async def job_names(self) -> dict[str, Run | None]:
+        """Every job the store holds runs of (not only this process's), with its last attempt."""
+        await self._open_backend()
+        return await self.backend.job_names()
+
+    # ---------------------------------------------------------------- claims
+
+    def _job(self, name: str) -> _Job:
+        job = self._jobs.get(name)
+        if job is None:
+            raise ConfigError(f"unknown job {name!r}; registered: {sorted(self._jobs) or 'none'}")
+        return job
+
+    async def claim(self, name: str, slot: int) -> ClaimHandle | None:
+        """Claim slot ``slot`` (ms since the epoch) of job ``name`` for the caller.
+
+        Returns a :class:`ClaimHandle` that keeps the lease alive while held, or ``None``
+        when the slot is taken, running elsewhere, skipped (overlap) or late — see
+        :meth:`try_claim` for the reason. The job must be registered (:meth:`every`,
+        :meth:`cron` or :meth:`define`); lateness, early-claim and retry rules are the
+        scheduler's own. Raises :class:`~anarchon_core.StoreUnavailable` if the store
+        could not be reached before the slot became too late.
+        """
+        result = await self.try_claim(name, slot)
+        return result if isinstance(result, ClaimHandle) else None
+
+    async def try_claim(self, name: str, slot: int) -> ClaimHandle | NotClaimed:
+        """Like :meth:`claim`, but a lost claim returns a (falsy) :class:`NotClaimed`."""
+        job = self._job(name)
+        if isinstance(slot, bool) or not isinstance(slot, int):
+            raise ConfigError(f"invalid slot {slot!r}: expected int milliseconds since the "
+                              "epoch (see slot_from_datetime)")
+        await self._open_backend()
+        return await self._claim_slot(job, slot, raise_unavailable=True)
+
+    def _request(self, job: _Job, slot: int, *, manual: bool = False,
+                 max_late_ms: int | None = None, token: str | None = None,
+                 max_attempts: int | None = None) -> ClaimRequest:
+        o = job.options
+        return ClaimRequest(
+            job=job.name, slot=slot, token=token or new_token(), runner=self.instance_id,
+            manual=manual, lease_ms=self.lease_ms, overlap=o.overlap or manual,
+            max_attempts=max_attempts if max_attempts is not None
+            else 1 if manual else o.max_attempts,
+            max_late_ms=None if manual else (o.max_late_ms if max_late_ms is None
+                                             else max_late_ms),
+        )
+
+    async def _call_claim(self, request: ClaimRequest, give_up_at: float | None
+                          ) -> tuple[ClaimResult, float]:
+        """Claim, retrying only transient store failures until ``give_up_at`` (store ms).
+
+        Retries reuse the request's token, so a claim that was committed but whose answer
+        was lost is won again by the retry. Returns the result and the monotonic instant
+        the successful call was sent (where a won lease starts counting).
+        """
+        tries = 0
+        while True:
+            sent = time.monotonic()
+            try:
+                return await self.backend.claim(request), sent
+            except StoreUnavailable as exc:
+                tries += 1
+                delay = retry_delay(tries)
+                if self._stopping or give_up_at is None or self._now_ms() + delay * 1000 > \
+                        give_up_at:
+                    raise
+                if tries == 1:
+                    log.warning("%s slot %s: claim failed (%s); retrying", request.job,
+                                request.slot, exc)
+                await asyncio.sleep(delay)
+
+    async def _claim_slot(self, job: _Job, slot: int, *, max_late_ms: int | None = None,
+                          raise_unavailable: bool = False) -> ClaimHandle | NotClaimed:
+        request = self._request(job, slot, max_late_ms=max_late_ms)
+        give_up_at = slot + (request.max_late_ms or job.options.max_late_ms)
+        try:
+            result, sent = await self._call_claim(request, give_up_at)
+            for _ in range(_EARLY_RETRIES):
+                if result.outcome is not ClaimOutcome.EARLY or self._stopping:
+                    break
+                # The store's clock says the slot has not come: ours jumped. Re-measure,
+                # wait for the slot by the store's clock, and claim again.
+                log.warning("%s slot %s: claimed early by the store's clock; re-syncing",
+                            job.name, slot)
+                with contextlib.suppress(StoreUnavailable):
+                    await self._refresh_clock()
+                wait_ms = slot - self._now_ms()
+                if wait_ms > EARLY_TOLERANCE_MS:
+                    break
+                await asyncio.sleep(max(0.0, wait_ms) / 1000 + 0.01)
+                result, sent = await self._call_claim(request, give_up_at)
+        except StoreUnavailable as exc:
+            if raise_unavailable:
+                raise
+            log.error("%s slot %s: store unavailable until the slot was too late; not run: %s",
+                      job.name, slot, exc)
+            return NotClaimed(job.name, slot, ClaimOutcome.LATE, f"store unavailable: {exc}")
+        if result.won:
+            handle = self._handle(request, result, sent)
+            if self._stopping:
+                # Won while stopping: hand it straight over instead of dropping it.
+                await handle.release()
+                return NotClaimed(job.name, slot, ClaimOutcome.TAKEN, "this scheduler is "
+                                  "stopping; handed over")
+            return handle
+        return NotClaimed(job.name, slot, result.outcome, _reason(request, result,
+                                                                  self._now_ms()))
+
+    def _handle(self, request: ClaimRequest, result: ClaimResult, sent: float) -> ClaimHandle:
+        timings = (LeaseTimings(self.lease_ms, self.heartbeat_ms)
+                   if self.backend.supports_leases else None)
+        ref = RunRef(request.job, request.slot, request.token, result.attempt, request.manual)
+        return ClaimHandle(backend=self.backend, ref=ref, runner=self.instance_id,
+                           timings=timings, sent_at=sent)
+
+    # ---------------------------------------------------------------- manual runs
 
     async def run_now(self, name: str) -> Run:
         """Run job ``name`` now on this instance, outside its schedule; return its Run.
@@ -325,29 +592,28 @@ class Scheduler:
         Recorded in history as manual. On a lease backend it holds a lease like any run,
         so scheduled slots of the job are skipped while it runs (unless ``overlap``).
         """
-        job = self._jobs.get(name)
-        if job is None:
-            raise ConfigError(f"unknown job {name!r}; registered: {sorted(self._jobs) or 'none'}")
+        job = self._job(name)
+        if job.handler is None:
+            raise ConfigError(f"job {name!r} has no handler here (defined with define()); "
+                              "claim its slots with claim()")
         await self._open_backend()
-        executor = self._executor
-        own_executor = executor is None
-        if executor is None:
-            executor = ThreadPoolExecutor(1, thread_name_prefix="anarchon-run-now")
+        own_threads = self._threads is None
+        threads = self._threads or HandlerThreads(1, "anarchon-run-now")
         try:
             slot = round(self._now_ms())
             for _ in range(10):  # another instance may have run it in the same millisecond
                 request = self._request(job, slot, manual=True)
-                result = await self.backend.claim(request)
+                result, sent = await self._call_claim(request, slot + 30_000)
                 if result.won:
-                    attempt = self._attempt(job, request, result, executor)
+                    attempt = self._attempt(job, self._handle(request, result, sent), threads)
                     return await self._run_attempt(attempt)
                 slot += 1
             raise RuntimeError(f"could not claim a manual run of {name!r}")
         finally:
-            if own_executor:
-                executor.shutdown(wait=False)
+            if own_threads:
+                threads.shutdown(wait=False)
 
-    # ---------------------------------------------------------------- internals
+    # ---------------------------------------------------------------- the clock
 
     def _now_ms(self) -> float:
         return time.time() * 1000 + self._clock_offset_ms
@@ -364,7 +630,7 @@ class Scheduler:
         offset = min(samples)[1]
         jumped = abs(offset - self._clock_offset_ms) >= _CLOCK_JUMP_MS
         self._clock_offset_ms = offset
-        if jumped:
+        if jumped and self._clock_moved is not None:
             moved, self._clock_moved = self._clock_moved, asyncio.Event()
             moved.set()  # wakes every job loop to recompute its next slot
         if abs(self._clock_offset_ms) > 1_000:
@@ -386,40 +652,36 @@ class Scheduler:
             try:
                 await self._refresh_clock()
                 last_sync = time.monotonic()
-            except Exception as exc:  # noqa: BLE001 - keep the last offset
+            except StoreUnavailable as exc:  # keep the last offset
                 log.debug("clock refresh failed: %s", exc)
+
+    # ---------------------------------------------------------------- timers and runs
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_crash)
         return task
 
     def _start_job(self, job: _Job) -> None:
-        job.loop_task = asyncio.ensure_future(self._job_loop(job))
+        if job.handler is None or job.schedule is None or job.loop_task is not None:
+            return
+        if self._jobs.get(job.name) is not job or not self._running or self._stopping:
+            return
+        job.loop_task = asyncio.ensure_future(self._job_loop(job, job.schedule))
+        job.loop_task.add_done_callback(_log_crash)
         if job.options.catch_up_ms and self.backend.supports_leases:
-            self._spawn(self._catch_up(job))
+            self._spawn(self._catch_up(job, job.schedule))
 
-    def _request(self, job: _Job, slot: int, *, manual: bool = False,
-                 max_late_ms: int | None = None) -> ClaimRequest:
-        o = job.options
-        return ClaimRequest(
-            job=job.name, slot=slot, token=new_token(), runner=self.instance_id,
-            manual=manual, lease_ms=self.lease_ms, overlap=o.overlap or manual,
-            max_attempts=1 if manual else o.max_attempts,
-            max_late_ms=None if manual else (o.max_late_ms if max_late_ms is None
-                                             else max_late_ms),
-            keep_ms=max(o.max_late_ms, o.catch_up_ms) + o.jitter_ms + _KEEP_MARGIN_MS,
-            history_size=self.history_size, history_ttl_ms=self.history_ttl_ms,
-        )
-
-    async def _job_loop(self, job: _Job) -> None:
+    async def _job_loop(self, job: _Job, schedule: Schedule) -> None:
         last = round(self._now_ms())
         while not self._stopping:
-            slot = job.schedule.next_after(max(last, round(self._now_ms())))
+            slot = schedule.next_after(max(last, round(self._now_ms())))
             last = slot
             fire_at = slot + random.uniform(0, job.options.jitter_ms)
             moved = self._clock_moved
+            assert moved is not None
             while (wait := fire_at - self._now_ms()) > 0 and not moved.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(moved.wait(), min(wait / 1000, _MAX_SLEEP_S))
@@ -428,100 +690,186 @@ class Scheduler:
                 continue
             self._spawn(self._claim_and_handle(job, slot))
 
-    async def _catch_up(self, job: _Job) -> None:
+    async def _catch_up(self, job: _Job, schedule: Schedule) -> None:
         now = self._now_ms()
-        slot = job.schedule.latest_at_or_before(round(now))
+        slot = schedule.latest_at_or_before(round(now))
         if now - slot <= job.options.catch_up_ms:
             log.info("%s: catching up slot %s", job.name, slot)
             await self._claim_and_handle(job, slot, max_late_ms=job.options.catch_up_ms)
 
-    async def _claim(self, request: ClaimRequest, give_up_at: float) -> ClaimResult | None:
-        """Claim, retrying a store error until ``give_up_at`` (store clock, ms)."""
-        for attempt in range(1_000):
-            try:
-                return await self.backend.claim(request)
-            except Exception as exc:  # noqa: BLE001 - any store error: retry until too late
-                if self._stopping or self._now_ms() > give_up_at:
-                    log.error("%s slot %s: claim failed, giving up: %s: %s", request.job,
-                              request.slot, type(exc).__name__, exc)
-                    return None
-                delay = _RETRY_DELAYS_S[min(attempt, len(_RETRY_DELAYS_S) - 1)]
-                log.warning("%s slot %s: claim failed (%s: %s); retrying in %.2fs",
-                            request.job, request.slot, type(exc).__name__, exc, delay)
-                await asyncio.sleep(delay)
-        return None
-
     async def _claim_and_handle(self, job: _Job, slot: int,
                                 max_late_ms: int | None = None) -> None:
-        request = self._request(job, slot, max_late_ms=max_late_ms)
-        give_up_at = slot + (request.max_late_ms or job.options.max_late_ms)
-        result = await self._claim(request, give_up_at)
-        for _ in range(_EARLY_RETRIES):
-            if result is None or result.outcome is not ClaimOutcome.EARLY or self._stopping:
-                break
-            # The store's clock says the slot has not come: ours jumped. Re-measure; the job
-            # loop then recomputes its slots, and a slot still far off is left to it.
-            log.warning("%s slot %s: claimed early by the store's clock; re-syncing",
-                        job.name, slot)
-            with contextlib.suppress(Exception):
-                await self._refresh_clock()
-            wait_ms = slot - self._now_ms()
-            if wait_ms > EARLY_TOLERANCE_MS:
-                return
-            await asyncio.sleep(max(0.0, wait_ms) / 1000 + 0.01)
-            request = self._request(job, slot, max_late_ms=max_late_ms)
-            result = await self._claim(request, give_up_at)
-        if result is None or self._stopping:
+        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms)
+        if self._stopping and not isinstance(outcome, ClaimHandle):
             return
-        log.debug("%s slot %s: %s", job.name, slot, result.outcome.value)
-        if result.won:
-            await self._run_won(job, request, result)
-        elif result.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
-            await self._watch(job, slot)
-        elif result.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
-            log.info("%s slot %s: skipped (%s)", job.name, slot, result.outcome.value)
+        if isinstance(outcome, ClaimHandle):
+            await self._run_handle(job, outcome)
+        elif outcome.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
+            await self._watch(job, slot, manual=False)
+        elif outcome.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
+            log.info("%s slot %s: skipped (%s)", job.name, slot, outcome.reason)
+        else:
+            log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
 
-    async def _watch(self, job: _Job, slot: int) -> None:
-        """Be a backup: re-claim every 1–2 heartbeats until the run ends or we take over."""
-        if slot in job.watching:
+    async def _watch(self, job: _Job, slot: int, *, manual: bool) -> None:
+        """Be a backup: re-claim every 1–2 heartbeats until the run ends or we take over.
+
+        One token for the whole watch: a takeover that the store committed but whose
+        answer was lost is won again by the next poll (the store knows the token).
+        """
+        key = (slot, manual)
+        if key in job.watching:
             return
-        job.watching.add(slot)
+        job.watching.add(key)
+        request = self._request(job, slot, manual=manual)
         try:
             while not self._stopping and self._jobs.get(job.name) is job:
                 await asyncio.sleep(self.heartbeat_ms * random.uniform(1, 2) / 1000)
-                request = self._request(job, slot)
+                sent = time.monotonic()
                 try:
                     result = await self.backend.claim(request)
-                except Exception as exc:  # noqa: BLE001 - the store may be briefly away
+                except StoreUnavailable as exc:
                     log.warning("%s slot %s: backup check failed: %s", job.name, slot, exc)
                     continue
                 if result.won:
                     log.warning("%s slot %s: lease expired, taking over as attempt %s",
                                 job.name, slot, result.attempt)
-                    await self._run_won(job, request, result)
+                    handle = self._handle(request, result, sent)
+                    if self._stopping:
+                        await handle.release()
+                        return
+                    await self._run_handle(job, handle)
                     return
                 if result.outcome is not ClaimOutcome.RUNNING:
                     return
         finally:
-            job.watching.discard(slot)
+            job.watching.discard(key)
 
-    def _attempt(self, job: _Job, request: ClaimRequest, result: ClaimResult,
-                 executor: ThreadPoolExecutor) -> Attempt:
-        timings = (LeaseTimings(self.lease_ms, self.heartbeat_ms)
-                   if self.backend.supports_leases else None)
-        ref = RunRef(request.job, request.slot, request.token, result.attempt, request.manual)
-        return Attempt(backend=self.backend, ref=ref, handler=job.handler,
-                       instance_id=self.instance_id, timings=timings,
-                       timeout_ms=job.options.timeout_ms, executor=executor)
+    async def _orphan_loop(self) -> None:
+        """Recover runs whose runner and watchers are all gone (on start, then periodically).
 
-    async def _run_won(self, job: _Job, request: ClaimRequest, result: ClaimResult) -> None:
-        assert self._executor is not None
-        await self._run_attempt(self._attempt(job, request, result, self._executor))
+        Each period looks at a bounded number of jobs; an expired run is claimed like a
+        backup would, so the decision table takes it over (attempt + 1) or gives it up.
+        """
+        period = self.lease_ms / 1000
+        while not self._stopping:
+            with self._jobs_lock:
+                jobs = [j for j in self._jobs.values() if j.handler is not None]
+            if jobs:
+                start = self._orphan_cursor % len(jobs)
+                batch = (jobs[start:] + jobs[:start])[:_ORPHAN_JOBS_PER_PERIOD]
+                self._orphan_cursor = start + len(batch)
+                for job in batch:
+                    if self._stopping:
+                        return
+                    try:
+                        expired = await self.backend.expired_runs(job.name,
+                                                                  _ORPHAN_RUNS_PER_JOB)
+                    except StoreUnavailable as exc:
+                        log.debug("orphan scan of %s failed: %s", job.name, exc)
+                        break
+                    for run in expired:
+                        if (run.slot, run.manual) not in job.watching:
+                            self._spawn(self._recover(job, run))
+            await asyncio.sleep(period * random.uniform(0.75, 1.25))
+
+    def _orphan_window_ms(self, job: _Job) -> int:
+        return max(job.options.max_late_ms, job.options.catch_up_ms) + 2 * self.lease_ms
+
+    async def _recover(self, job: _Job, run: ExpiredRun) -> None:
+        key = (run.slot, run.manual)
+        if key in job.watching or any(a.handle.ref.job == job.name and a.handle.ref.slot ==
+                                      run.slot for a in self._attempts):
+            return
+        expired_at = run.lease_until_ms if run.lease_until_ms is not None else run.slot
+        too_old = self._now_ms() - expired_at > self._orphan_window_ms(job)
+        # Too old to run again: close it as interrupted for good (max_attempts=0 gives up).
+        request = self._request(job, run.slot, manual=run.manual,
+                                max_attempts=0 if too_old or run.manual else None)
+        sent = time.monotonic()
+        try:
+            result = await self.backend.claim(request)
+        except StoreUnavailable as exc:
+            log.debug("%s slot %s: orphan claim failed: %s", job.name, run.slot, exc)
+            return
+        if result.won and not self._stopping:
+            log.warning("%s slot %s: orphaned run (no runner, no backup) taken over as "
+                        "attempt %s", job.name, run.slot, result.attempt)
+            await self._run_handle(job, self._handle(request, result, sent))
+        elif result.won:
+            await self._handle(request, result, sent).release()
+        elif result.outcome is ClaimOutcome.RUNNING:
+            await self._watch(job, run.slot, manual=run.manual)
+        elif too_old:
+            log.warning("%s slot %s: orphaned run older than its recovery window closed as "
+                        "interrupted", job.name, run.slot)
+
+    def _attempt(self, job: _Job, handle: ClaimHandle, threads: HandlerThreads) -> Attempt:
+        assert job.handler is not None
+        return Attempt(handle=handle, handler=job.handler, instance_id=self.instance_id,
+                       timeout_ms=job.options.timeout_ms, threads=threads,
+                       stop_grace_s=self.stop_grace_ms / 1000)
+
+    async def _run_handle(self, job: _Job, handle: ClaimHandle) -> None:
+        threads = self._threads
+        if threads is None or job.handler is None:
+            await handle.release()
+            return
+        await self._run_attempt(self._attempt(job, handle, threads))
 
     async def _run_attempt(self, attempt: Attempt) -> Run:
         self._attempts.add(attempt)
         attempt.task = asyncio.current_task()
+        if self._stopping:
+            attempt.request_stop(0)
         try:
             return await attempt.run()
         finally:
             self._attempts.discard(attempt)
+
+
+def _reason(request: ClaimRequest, result: ClaimResult, now_ms: float) -> str:
+    outcome = result.outcome
+    if outcome is ClaimOutcome.LATE:
+        return late_error(request, round(now_ms))
+    if outcome is ClaimOutcome.OVERLAP:
+        return OVERLAP_SKIP
+    if outcome is ClaimOutcome.RUNNING:
+        return f"running: attempt {result.attempt} holds a live lease on another instance"
+    if outcome is ClaimOutcome.EARLY:
+        return (f"early: the slot is more than {EARLY_TOLERANCE_MS} ms ahead of the store's "
+                "clock")
+    if outcome is ClaimOutcome.DONE:
+        return "done: this run has already ended"
+    return "taken: another instance won this slot"
+
+
+def _log_crash(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scheduler task crashed", exc_info=task.exception())
+
+
+def run_forever(*schedulers: Scheduler) -> None:
+    """Start every scheduler, run until SIGINT or SIGTERM, then stop them all. Blocks.
+
+    For scripts and worker processes with one or several schedulers (e.g. different
+    namespaces); the schedulers share this thread's event loop.
+    """
+    if not schedulers:
+        raise ConfigError("run_forever() needs at least one scheduler")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        started: list[Scheduler] = []
+        try:
+            for scheduler in schedulers:
+                await scheduler.start()
+                started.append(scheduler)
+            await stop.wait()
+        finally:
+            await asyncio.gather(*(s.stop() for s in started), return_exceptions=True)
+
+    asyncio.run(main())

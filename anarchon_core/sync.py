@@ -14,9 +14,11 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .claim import ClaimHandle, SyncClaimHandle
+
 if TYPE_CHECKING:
-    from .models import Run
-    from .scheduler import Scheduler
+    from .models import Run, RunPage
+    from .scheduler import NotClaimed, Scheduler
 
 __all__ = ["SyncScheduler"]
 
@@ -42,9 +44,11 @@ class _LoopThread:
 class SyncScheduler:
     """Blocking versions of :class:`Scheduler`'s coroutines: ``scheduler.sync.<name>``.
 
-    ``start()``, ``stop()``, ``history(name, limit)`` and ``run_now(name)`` block until
-    done. Call them from ordinary threads (a Django view, a Celery beat); inside an event
-    loop use the coroutines instead.
+    ``start()``, ``stop()``, ``history(...)``, ``job_names()``, ``run_now(name)`` and
+    ``claim(name, slot)`` block until done. Call them from ordinary threads (a Django
+    view, a Celery beat, an APScheduler executor); inside an event loop use the coroutines
+    instead. Registration (``every``, ``cron``, ``define``, ``remove``) is thread-safe on
+    the scheduler itself.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -84,9 +88,28 @@ class SyncScheduler:
         if thread is not None:
             thread.close()
 
-    def history(self, name: str, limit: int = 20) -> list[Run]:
+    def history(self, job: str | None = None, limit: int = 50, *, status: str | None = None,
+                runner: str | None = None, before: str | None = None) -> RunPage:
         """Blocking :meth:`Scheduler.history`."""
-        return self._call(lambda: self._scheduler.history(name, limit), 60)
+        return self._call(lambda: self._scheduler.history(
+            job, limit, status=status, runner=runner, before=before), 60)
+
+    def job_names(self) -> dict[str, Run | None]:
+        """Blocking :meth:`Scheduler.job_names`."""
+        return self._call(self._scheduler.job_names, 60)
+
+    def claim(self, name: str, slot: int, timeout: float | None = 60.0
+              ) -> SyncClaimHandle | NotClaimed:
+        """Blocking :meth:`Scheduler.try_claim`: a handle, or a falsy :class:`NotClaimed`.
+
+        ``with scheduler.sync.claim("report", slot) as claim:`` gives the handle (leaving
+        the block records success, or failed with the exception) or ``None`` when the
+        slot was not won. The lease is kept by the scheduler's event loop meanwhile.
+        """
+        result = self._call(lambda: self._scheduler.try_claim(name, slot), timeout)
+        if isinstance(result, ClaimHandle):
+            return SyncClaimHandle(result, timeout)
+        return result
 
     def run_now(self, name: str, timeout: float | None = None) -> Run:
         """Blocking :meth:`Scheduler.run_now`; ``timeout`` in seconds (None waits)."""

@@ -1,0 +1,456 @@
+"""Holding a won claim: the lease, its heartbeats, self-fencing and the recorded end.
+
+A :class:`ClaimHandle` is what :meth:`Scheduler.claim` returns for a slot this instance
+won, and what the scheduler's own runs hold while their handler works. It is the one way
+anarchon holds a lease:
+
+* While the handle is held it heartbeats every ``heartbeat_ms``, also while its end is
+  being recorded, until the store acknowledges that end.
+* Every store call has a deadline. The lease is known to be held until ``lease_ms``
+  after the *sending* of the last heartbeat the store accepted (the store computes the
+  expiry from its clock when it receives the call, which is later). The handle fences
+  itself a safety margin before that instant, whether or not a heartbeat call ever
+  returns: it sets ``cancelled`` (reason ``lease lost``) and runs the cancel callbacks,
+  so a backup can only start after this runner was told to stop.
+* A rejected heartbeat or end record means another attempt took over: the handle is
+  fenced and records nothing more.
+
+Handles are bound to the event loop they were made on; :class:`SyncClaimHandle` is the
+blocking twin for threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import Cancelled, LeaseLost, StoreUnavailable
+from .models import RunRef, validate_meta
+from .schedules import ms_to_datetime
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+__all__ = [
+    "LEASE_LOST", "STOPPING", "TIMEOUT", "ClaimHandle", "LeaseTimings", "SyncClaimHandle",
+    "fence_margin_ms",
+]
+
+log = logging.getLogger("anarchon.lease")
+T = TypeVar("T")
+
+#: Cancellation reasons, as ``cancel_reason`` reports them.
+TIMEOUT, STOPPING, LEASE_LOST = "timeout", "stopping", "lease lost"
+#: Delays between tries of a store call that failed transiently.
+RETRY_DELAYS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+#: How long recording the end of a claim-only run (no lease to protect it) is retried.
+_CLAIM_ONLY_END_RETRY_S = 30.0
+
+
+@dataclass(frozen=True)
+class LeaseTimings:
+    """Lease length and heartbeat period, in ms."""
+
+    lease_ms: int
+    heartbeat_ms: int
+
+
+def fence_margin_ms(lease_ms: int) -> int:
+    """How long before the lease could expire a runner fences itself.
+
+    A fifth of the lease, at least 50 ms and at most 5 s: room for clock-rate differences
+    between this machine and the store, and for the handler to see its cancellation
+    before any backup could claim the run.
+    """
+    return min(max(lease_ms // 5, 50), 5_000)
+
+
+def retry_delay(tries: int) -> float:
+    """The pause before try ``tries + 1`` of a store call that failed transiently."""
+    return RETRY_DELAYS_S[min(tries, len(RETRY_DELAYS_S) - 1)]
+
+
+class ClaimHandle:
+    """A won attempt of one run: keeps its lease alive and records its end.
+
+    Use it as ``async with handle:`` (leaving the block records ``success``, or
+    ``failed`` with the exception) or end it with :meth:`finish`. Attributes: ``job``,
+    ``slot``, ``attempt``, ``token``, ``manual``, ``runner``, ``cancel_event`` (a
+    :class:`threading.Event`), ``cancelled``, ``cancel_reason``, ``fenced``, ``meta``
+    (a dict recorded with the end). On a claim-only backend there is no lease: nothing is
+    heartbeated and only the end is recorded.
+    """
+
+    def __init__(self, *, backend: Backend, ref: RunRef, runner: str,
+                 timings: LeaseTimings | None, sent_at: float) -> None:
+        self.backend = backend
+        self.ref = ref
+        self.runner = runner
+        self.timings = timings if backend.supports_leases else None
+        self.cancel_event = threading.Event()
+        self.cancel_reason: str | None = None
+        #: Recorded with the attempt's end (``Run.meta``); ``finish(meta=...)`` adds to it.
+        self.meta: dict[str, str] = {}
+        self.fenced = False
+        #: True once the store acknowledged the end (or the hand-over).
+        self.ended = False
+        self.loop = asyncio.get_running_loop()
+        self._callbacks: list[Callable[[str], None]] = []
+        lease_s = self.timings.lease_ms / 1000 if self.timings else 0.0
+        self._confirmed_until = sent_at + lease_s
+        self._margin_s = fence_margin_ms(self.timings.lease_ms) / 1000 if self.timings else 0
+        self._next_beat = sent_at + (self.timings.heartbeat_ms / 1000 if self.timings else 0)
+        self._beat: asyncio.Task[None] | None = None
+        self._beat_failures = 0
+        self._changed = asyncio.Event()
+        self._keeper: asyncio.Task[None] | None = None
+        self._closing = False
+        if self.timings is not None:
+            self._keeper = asyncio.ensure_future(self._keep())
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def job(self) -> str:
+        """The job's name."""
+        return self.ref.job
+
+    @property
+    def slot(self) -> int:
+        """The slot (ms since the epoch)."""
+        return self.ref.slot
+
+    @property
+    def scheduled_at(self) -> datetime:
+        """The slot as an aware UTC datetime."""
+        return ms_to_datetime(self.ref.slot)
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt; one more after each takeover (a fencing number)."""
+        return self.ref.attempt
+
+    @property
+    def token(self) -> str:
+        """The fencing token of this attempt."""
+        return self.ref.token
+
+    @property
+    def manual(self) -> bool:
+        """True for a ``run_now()`` run."""
+        return self.ref.manual
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the holder has been asked to stop (timeout, stop, lease lost)."""
+        return self.cancel_event.is_set()
+
+    @property
+    def lease_deadline(self) -> float | None:
+        """``time.monotonic()`` instant at which this handle fences itself (None: no lease)."""
+        if self.timings is None:
+            return None
+        return self._confirmed_until - self._margin_s
+
+    # ------------------------------------------------------------------ cancellation
+
+    def add_cancel_callback(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` on the handle's loop when it is cancelled."""
+        self._callbacks.append(callback)
+        if self.cancel_reason is not None:
+            callback(self.cancel_reason)
+
+    def cancel(self, reason: str) -> None:
+        """Ask the holder to stop (``timeout``, ``stopping``, ``lease lost``); first wins."""
+        if self.cancel_reason is not None:
+            return
+        self.cancel_reason = reason
+        self.cancel_event.set()
+        for callback in list(self._callbacks):
+            try:
+                callback(reason)
+            except Exception:  # a callback's bug must not stop the others
+                log.exception("%s: cancel callback failed", self._label())
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`Cancelled` (:class:`LeaseLost` if fenced) once cancelled."""
+        if self.cancel_reason is not None:
+            if self.cancel_reason == LEASE_LOST:
+                raise LeaseLost(f"{self._label()}: another attempt took over or the lease "
+                                "could not be confirmed in time")
+            raise Cancelled(f"{self._label()}: cancelled ({self.cancel_reason})")
+
+    def _fence(self, why: str) -> None:
+        if self.fenced:
+            return
+        self.fenced = True
+        self._closing = True
+        log.warning("%s: fenced (%s); cancelling", self._label(), why)
+        self.cancel(LEASE_LOST)
+        self._changed.set()
+        if self._beat is not None:
+            self._beat.cancel()
+
+    # ------------------------------------------------------------------ the lease
+
+    async def _keep(self) -> None:
+        assert self.timings is not None
+        period = self.timings.heartbeat_ms / 1000
+        while not self._closing:
+            now = time.monotonic()
+            deadline = self._confirmed_until - self._margin_s
+            if now >= deadline:
+                self._fence("lease not confirmed in time: the store may be unreachable")
+                return
+            if self._beat is None and now >= self._next_beat:
+                self._beat = asyncio.ensure_future(self._heartbeat_once(period))
+            wake_at = deadline if self._beat is not None else min(deadline, self._next_beat)
+            self._changed.clear()
+            waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._changed.wait())}
+            if self._beat is not None:
+                waiters.add(self._beat)
+            try:
+                await asyncio.wait(waiters, timeout=max(0.0, wake_at - now),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    if waiter is not self._beat:
+                        waiter.cancel()
+
+    async def _heartbeat_once(self, period: float) -> None:
+        assert self.timings is not None
+        sent = time.monotonic()
+        accepted: bool | None = None
+        try:
+            accepted = await self.backend.heartbeat(self.ref, self.timings.lease_ms)
+        except StoreUnavailable as exc:
+            self._beat_failures += 1
+            log.warning("%s: heartbeat failed (%s); lease confirmed for %.1fs more",
+                        self._label(), exc, self._confirmed_until - self._margin_s - sent)
+        except Exception:
+            self._beat_failures += 1
+            log.exception("%s: heartbeat raised an unexpected error", self._label())
+        finally:
+            self._beat = None
+        if accepted:
+            if self._beat_failures:
+                log.info("%s: heartbeat confirmed again", self._label())
+            self._beat_failures = 0
+            self._confirmed_until = max(self._confirmed_until, sent + self.timings.lease_ms / 1000)
+            self._next_beat = sent + period
+        elif accepted is False:
+            if not self._closing:
+                self._fence("heartbeat rejected: another attempt took over")
+        else:
+            # Try again soon: every confirmed heartbeat pushes the fence further away.
+            self._next_beat = time.monotonic() + min(period, retry_delay(self._beat_failures))
+        self._changed.set()
+
+    async def check_lease(self) -> None:
+        """Heartbeat now; raise :class:`LeaseLost` if another attempt has taken over.
+
+        Call it right before a side effect that must not happen twice. Raises
+        :class:`~anarchon_core.StoreUnavailable` when the store cannot confirm the lease
+        in time (the side effect should not happen then either). On a claim-only backend
+        it only raises if the holder was cancelled.
+        """
+        self.raise_if_cancelled()
+        if self.timings is None:
+            return
+        sent = time.monotonic()
+        accepted = await self._bounded(self.backend.heartbeat(self.ref, self.timings.lease_ms),
+                                       "check_lease")
+        if not accepted:
+            if not self.ended:
+                self._fence("heartbeat rejected: another attempt took over")
+            self.raise_if_cancelled()
+            raise LeaseLost(f"{self._label()}: the run has ended")
+        self._confirmed_until = max(self._confirmed_until, sent + self.timings.lease_ms / 1000)
+        self.raise_if_cancelled()
+
+    acheck_lease = check_lease
+
+    async def _bounded(self, call: Awaitable[T], what: str) -> T:
+        """Await a store call, but never past the instant this handle fences itself."""
+        task = asyncio.ensure_future(call)
+        deadline = self.lease_deadline
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()  # some clients ignore it; the reply, if any, is dropped
+            task.add_done_callback(_consume)
+            raise StoreUnavailable(f"{self._label()}: {what} got no answer before the lease "
+                                   "deadline")
+        return task.result()
+
+    # ------------------------------------------------------------------ the end
+
+    async def finish(self, status: str = "success", error: str | None = None,
+                     meta: Mapping[str, str] | None = None) -> bool:
+        """Record the attempt's end; ``False`` if this handle was fenced (nothing recorded).
+
+        ``status`` is ``success``, ``failed`` or ``interrupted``. Heartbeats go on until
+        the store acknowledges the end; a transient store failure is retried while the
+        lease is still ours. ``meta`` is merged into :attr:`meta` and stored with the run.
+        """
+        if status not in ("success", "failed", "interrupted"):
+            raise ValueError(f"invalid status {status!r}: expected 'success', 'failed' or "
+                             "'interrupted'")
+        if meta:
+            self.meta.update(meta)
+        record = validate_meta(self.meta)
+        if self.fenced:
+            return False
+        if self.ended:
+            raise RuntimeError(f"{self._label()}: its end was already recorded")
+        return await self._end(
+            lambda: self.backend.finish(self.ref, status, error, record or None),
+            f"{status}{f' ({error})' if error else ''}")
+
+    async def release(self) -> bool:
+        """Hand over: end the lease now so a backup takes the next attempt at once.
+
+        Only once the holder's code has stopped. ``False`` if fenced; on a claim-only
+        backend there is nothing to hand over and it returns ``False``.
+        """
+        if self.fenced or self.ended:
+            return False
+        if self.timings is None:
+            self.ended = True
+            return False
+        return await self._end(lambda: self.backend.release(self.ref), "handed over")
+
+    async def _end(self, call: Callable[[], Awaitable[bool]], what: str) -> bool:
+        # With a lease, tries go on while the lease is ours; without, for a bounded time.
+        give_up = float("inf") if self.timings else time.monotonic() + _CLAIM_ONLY_END_RETRY_S
+        tries = 0
+        while True:
+            try:
+                accepted = await self._bounded(call(), "recording the end")
+                break
+            except StoreUnavailable as exc:
+                tries += 1
+                retry_at = time.monotonic() + retry_delay(tries)
+                deadline = self.lease_deadline
+                if self.fenced or retry_at > give_up or (deadline is not None
+                                                         and retry_at >= deadline):
+                    if self.timings:
+                        self._fence(f"its end ({what}) could not be recorded before the lease "
+                                    f"deadline: {exc}")
+                    log.error("%s: could not record its end (%s): %s", self._label(), what, exc)
+                    self._stop_keeping()
+                    return False
+                log.warning("%s: recording its end failed (%s); retrying", self._label(), exc)
+                await asyncio.sleep(retry_delay(tries))
+            except BaseException:
+                self._stop_keeping()
+                raise
+        if not accepted:
+            if not self.fenced:
+                self.fenced = True
+                log.warning("%s: end rejected, another attempt took over", self._label())
+            self._stop_keeping()
+            return False
+        self.ended = True
+        self._stop_keeping()
+        log.info("%s: %s", self._label(), what)
+        return True
+
+    def _stop_keeping(self) -> None:
+        self._closing = True
+        self._changed.set()
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat.add_done_callback(_consume)
+        if self._keeper is not None and not self._keeper.done():
+            self._keeper.cancel()
+            self._keeper.add_done_callback(_consume)
+
+    def abandon(self) -> None:
+        """Stop heartbeating without recording anything: the lease expires on its own."""
+        self._stop_keeping()
+
+    async def __aenter__(self) -> ClaimHandle:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.ended or self.fenced:
+            self._stop_keeping()
+            return
+        if exc is None:
+            await self.finish("success")
+        elif isinstance(exc, LeaseLost):
+            self._stop_keeping()
+        elif isinstance(exc, (Cancelled, asyncio.CancelledError)):
+            await asyncio.shield(self.finish("interrupted", "cancelled"))
+        else:
+            await self.finish("failed", f"{type(exc).__name__}: {exc}")
+
+    def _label(self) -> str:
+        return f"{self.ref.job} slot {self.ref.slot} attempt {self.ref.attempt}"
+
+    def __repr__(self) -> str:
+        state = "fenced" if self.fenced else "ended" if self.ended else "held"
+        return f"<ClaimHandle {self._label()} {state}>"
+
+
+class SyncClaimHandle:
+    """The blocking twin of :class:`ClaimHandle`, for threads (``scheduler.sync.claim``).
+
+    ``with scheduler.sync.claim("report", slot) as claim:`` — leaving the block records
+    ``success`` (or ``failed`` with the exception). The lease is kept by the scheduler's
+    event loop meanwhile, so a busy thread never delays a heartbeat.
+    """
+
+    def __init__(self, handle: ClaimHandle, timeout: float | None = 60.0) -> None:
+        self.handle = handle
+        self._timeout = timeout
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        async def run() -> T:
+            return await coro
+        return asyncio.run_coroutine_threadsafe(run(), self.handle.loop).result(self._timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        # job, slot, attempt, token, manual, cancel_event, cancelled, meta, fenced, ...
+        return getattr(self.handle, name)
+
+    def check_lease(self) -> None:
+        """Blocking :meth:`ClaimHandle.check_lease`."""
+        self._call(self.handle.check_lease())
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`Cancelled` (:class:`LeaseLost` if fenced) once cancelled."""
+        self.handle.raise_if_cancelled()
+
+    def finish(self, status: str = "success", error: str | None = None,
+               meta: Mapping[str, str] | None = None) -> bool:
+        """Blocking :meth:`ClaimHandle.finish`."""
+        return self._call(self.handle.finish(status, error, meta))
+
+    def release(self) -> bool:
+        """Blocking :meth:`ClaimHandle.release`."""
+        return self._call(self.handle.release())
+
+    def __enter__(self) -> SyncClaimHandle:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._call(self.handle.__aexit__(exc_type, exc, tb))
+
+    def __repr__(self) -> str:
+        return repr(self.handle).replace("<ClaimHandle", "<SyncClaimHandle", 1)
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
