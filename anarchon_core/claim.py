@@ -265,6 +265,10 @@ class ClaimHandle:
         if self.timings is None:
             return
         sent = time.monotonic()
+        deadline = self.lease_deadline
+        if deadline is not None and sent >= deadline and not self.ended:
+            self._fence("lease not confirmed in time")
+            self.raise_if_cancelled()
         accepted = await self._bounded(self.backend.heartbeat(self.ref, self.timings.lease_ms),
                                        "check_lease")
         if not accepted:

@@ -33,6 +33,8 @@ class JobSpec:
     slow_ratio: float = 0.0
     slow_sleep_s: float = 0.0
     slow_seed: int = 0
+    #: The handler ignores its cancellation (timeout, stop, lost lease) and works on.
+    stubborn: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """The spec as ``anarchon_core.cli.instance --jobs`` reads it."""
@@ -41,7 +43,11 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One line of a ledger: ``start`` or ``end`` of an attempt, as its handler wrote it."""
+    """One line of a ledger: ``start``, ``end`` or ``exit`` of an attempt, as its handler wrote it.
+
+    ``end`` is the side effect (written right after confirming the lease); ``exit`` is
+    written when the handler's code returns, whatever the outcome.
+    """
 
     event: str
     job: str
@@ -54,6 +60,8 @@ class LedgerEntry:
     time_ms: int
     #: ``time.monotonic_ns()`` of the writing process (machine-wide; not skewed by faketime).
     mono_ns: int | None = None
+    #: On ``exit`` lines: why the handler had been asked to stop, if it had.
+    cancelled: str | None = None
 
 
 class Instance:

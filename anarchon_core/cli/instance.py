@@ -15,6 +15,10 @@ monotonic clock, which a faked wall clock leaves alone) so lines of different pr
 be ordered even when their wall clocks are skewed. ``DIR/<pid>.clock`` holds this process's
 ``time.time()`` and ``time.monotonic_ns()`` read together at start (to verify a skew).
 
+Every handler also writes an ``exit`` line when its code returns, whatever the outcome, so
+tests can tell when two attempts' code ran at the same time. With ``"stubborn": true`` a
+handler ignores its cancellation and writes no ``end`` (it only sleeps).
+
 A job spec may make some slots slow: ``"slow_ratio": 0.3, "slow_sleep_s": 5`` sleeps
 ``slow_sleep_s`` instead of ``sleep_s`` in about 30 % of the slots (chosen by a hash of
 ``slow_seed``, the job and the slot, so every attempt of a slot agrees), e.g. to hit
@@ -82,24 +86,45 @@ def make_handler(spec: dict[str, Any], ledger: Ledger | None) -> Any:
         if ledger:
             ledger.write("end", ctx)
 
+    stubborn = bool(spec.get("stubborn", False))
+
+    def exited(ctx: JobContext) -> None:
+        if ledger:
+            ledger.write("exit", ctx, cancelled=ctx.cancel_reason)
+
     if spec.get("sync"):
         def sync_handler(ctx: JobContext) -> None:
             if ledger:
                 ledger.write("start", ctx)
-            deadline = time.monotonic() + sleep_for(ctx)
-            while time.monotonic() < deadline:
-                ctx.raise_if_cancelled()
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-            ctx.check_lease()
-            done(ctx)
+            try:
+                deadline = time.monotonic() + sleep_for(ctx)
+                while time.monotonic() < deadline:
+                    if not stubborn:
+                        ctx.raise_if_cancelled()
+                    time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                if not stubborn:
+                    ctx.check_lease()
+                    done(ctx)
+            finally:
+                exited(ctx)
         return sync_handler
 
     async def async_handler(ctx: JobContext) -> None:
         if ledger:
             ledger.write("start", ctx)
-        await asyncio.sleep(sleep_for(ctx))
-        await ctx.acheck_lease()
-        done(ctx)
+        try:
+            deadline = time.monotonic() + sleep_for(ctx)
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    await asyncio.sleep(left)
+                except asyncio.CancelledError:
+                    if not stubborn:
+                        raise
+            if not stubborn:
+                await ctx.acheck_lease()
+                done(ctx)
+        finally:
+            exited(ctx)
     return async_handler
 
 

@@ -27,6 +27,7 @@ from anarchon_core.cli.fleet import (
 )
 
 __all__ = ["Cluster", "Instance", "JobSpec", "LedgerEntry", "OnceReport", "assert_exactly_once",
+           "assert_no_concurrent_execution",
            "check_every_slot_runs_once", "grid_slots", "now_ms", "read_history", "read_ledger",
            "start_instances"]
 
@@ -126,3 +127,44 @@ def check_every_slot_runs_once(url: str, workdir: Path, *, seconds: float = 15,
         in_window = {r.status for r in history if begin <= r.slot <= end}
         assert in_window == {"success"}, f"{job}: statuses in the window: {in_window}"
     return histories
+
+
+def assert_no_concurrent_execution(entries: list[LedgerEntry], job: str, *,
+                                   deaths: dict[int, int] | None = None,
+                                   across_slots: bool = False) -> int:
+    """Assert no two attempts' code of ``job`` ran at the same time (by ``mono_ns``).
+
+    An attempt's code runs from its ``start`` line to its ``exit`` line; without an exit
+    line, until its process died (``deaths``: pid → monotonic ns) or forever. Attempts of
+    one slot must never overlap; with ``across_slots`` no two attempts of any slots either
+    (an ``overlap=False`` job). Returns how many executions were compared.
+    """
+    spans: dict[str, list[int | None]] = {}
+    meta: dict[str, LedgerEntry] = {}
+    for e in entries:
+        if e.job != job or e.mono_ns is None:
+            continue
+        span = spans.setdefault(e.token, [None, None])
+        if e.event == "start":
+            span[0] = e.mono_ns
+            meta[e.token] = e
+        elif e.event == "exit":
+            span[1] = e.mono_ns
+    runs = []
+    for token, (begin, end) in spans.items():
+        if begin is None:
+            continue
+        entry = meta[token]
+        stop = end if end is not None else (deaths or {}).get(entry.pid, 2**63)
+        runs.append((begin, stop, entry))
+    runs.sort(key=lambda r: r[0])
+    for i, (_, a1, a) in enumerate(runs):
+        for b0, b1, b in runs[i + 1:]:
+            if b0 >= a1:
+                break
+            if across_slots or a.slot == b.slot:
+                raise AssertionError(
+                    f"{job}: slot {a.slot} attempt {a.attempt} (pid {a.pid}) and slot {b.slot} "
+                    f"attempt {b.attempt} (pid {b.pid}) ran at the same time "
+                    f"({(min(a1, b1) - b0) / 1e6:.0f} ms)")
+    return len(runs)
