@@ -1,7 +1,7 @@
 """Claim latency and throughput on RabbitMQ and NATS, beside their floor.
 
     .venv/bin/python -m bench.claims_brokers [--count 2000] [--concurrency 16]
-        [--amqp URL] [--nats URL] [--only rabbitmq|nats]
+        [--amqp URL | --own-rabbitmq] [--nats URL] [--only rabbitmq|nats] [--smoke]
 
 For each broker: a won claim (a fresh slot: the winner's whole path, history record
 included), a lost claim (a slot another backend already holds), and the floor: one plain
@@ -9,6 +9,13 @@ confirmed publish over the same connection (RabbitMQ: a persistent message to a 
 classic queue with publisher confirms; NATS: a JetStream publish to the same stream).
 The ratio column is each median over the floor's median. Everything the run creates is
 deleted at the end (run queues expire by themselves 2 minutes later).
+
+Won claims take due slots (the seconds before this machine's clock, one per call); taken
+claims take slots from 1970 that another backend claimed first. ``--own-rabbitmq`` starts
+a RabbitMQ node of the run's own on a free port (``chaos.servers.RabbitMQServer``: needs
+``rabbitmq-server`` and root) and stops it at the end, so that the figures do not depend on
+what else a shared broker carries. ``--smoke`` runs every table with tiny counts (see
+``bench/common.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +31,18 @@ import aio_pika
 from anarchon_core.backend import new_token
 from anarchon_core.backends.nats import NatsBackend
 from anarchon_core.backends.rabbitmq import RabbitMQBackend
-from anarchon_core.models import ClaimRequest, ClaimResult
+from anarchon_core.models import ClaimOutcome, ClaimRequest, ClaimResult
+from chaos.servers import RabbitMQServer
 
-from .common import Measurement, measure, print_table
+from .common import (
+    SMOKE_CONCURRENCY,
+    SMOKE_COUNT,
+    Measurement,
+    add_smoke_flag,
+    measure,
+    print_table,
+    warmup_for,
+)
 
 JOB = "bench"
 
@@ -35,9 +51,14 @@ def request(slot: int, runner: str) -> ClaimRequest:
     return ClaimRequest(job=JOB, slot=slot, token=new_token(), runner=runner)
 
 
-async def expect(result: ClaimResult, won: bool) -> None:
-    if result.won != won:
-        raise AssertionError(f"expected won={won}, got {result}")
+async def expect(result: ClaimResult, outcome: ClaimOutcome) -> None:
+    if result.outcome is not outcome:
+        raise AssertionError(f"expected {outcome.value}, got {result}")
+
+
+def due_base(count: int) -> int:
+    """The slot of won claim 0: calls ``-warmup .. 2*count-1`` all claim due slots."""
+    return int(time.time() * 1000) - 2 * count
 
 
 async def prefill(claim: object, count: int, concurrency: int) -> None:
@@ -58,7 +79,7 @@ async def bench_rabbitmq(url: str, count: int, concurrency: int) -> None:
     await winner.start()
     await loser.start()
     floor_queue = f"{prefix}floor"
-    base = int(time.time() * 1000) * 1000
+    base = due_base(count)
     try:
         channel = await winner._confirm_channel()
         await channel.declare_queue(floor_queue, durable=True,
@@ -71,10 +92,10 @@ async def bench_rabbitmq(url: str, count: int, concurrency: int) -> None:
                                                    mandatory=True)
 
         async def won(i: int) -> None:
-            await expect(await winner.claim(request(base + i, "bench")), True)
+            await expect(await winner.claim(request(base + i, "bench")), ClaimOutcome.WON)
 
         async def lost(i: int) -> None:
-            await expect(await loser.claim(request(i, "bench")), False)
+            await expect(await loser.claim(request(i, "bench")), ClaimOutcome.TAKEN)
 
         rows: list[Measurement] = []
         floor_row = await measure("confirmed publish (floor)", floor, count=count,
@@ -102,7 +123,7 @@ async def bench_nats(url: str, count: int, concurrency: int) -> None:
     loser = NatsBackend(url, prefix=prefix, stream=name)
     await winner.start()
     await loser.start()
-    base = int(time.time() * 1000) * 1000
+    base = due_base(count)
     try:
         js = (await winner._client()).jetstream()
 
@@ -110,10 +131,10 @@ async def bench_nats(url: str, count: int, concurrency: int) -> None:
             await js.publish(f"{prefix}floor", b'{"floor":"1"}', stream=name)
 
         async def won(i: int) -> None:
-            await expect(await winner.claim(request(base + i, "bench")), True)
+            await expect(await winner.claim(request(base + i, "bench")), ClaimOutcome.WON)
 
         async def lost(i: int) -> None:
-            await expect(await loser.claim(request(i, "bench")), False)
+            await expect(await loser.claim(request(i, "bench")), ClaimOutcome.TAKEN)
 
         rows: list[Measurement] = []
         floor_row = await measure("JetStream publish (floor)", floor, count=count,
@@ -136,14 +157,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/")
+    amqp = parser.add_mutually_exclusive_group()
+    amqp.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/")
+    amqp.add_argument("--own-rabbitmq", action="store_true",
+                      help="measure on a RabbitMQ node started for this run (needs root)")
     parser.add_argument("--nats", default="nats://127.0.0.1:4222")
     parser.add_argument("--only", choices=["rabbitmq", "nats"])
+    add_smoke_flag(parser)
     args = parser.parse_args()
-    print(f"count={args.count} (sequential, for latency), then {args.count} with "
-          f"{args.concurrency} in flight (for ops/s)")
+    if args.smoke:
+        args.count, args.concurrency = SMOKE_COUNT, SMOKE_CONCURRENCY
+    print(f"count={args.count} (sequential, for latency, after {warmup_for(args.count)} "
+          f"untimed), then {args.count} with {args.concurrency} in flight (for ops/s)")
     if args.only in (None, "rabbitmq"):
-        asyncio.run(bench_rabbitmq(args.amqp, args.count, args.concurrency))
+        if args.own_rabbitmq:
+            with RabbitMQServer() as node:
+                asyncio.run(bench_rabbitmq(node.url, args.count, args.concurrency))
+        else:
+            asyncio.run(bench_rabbitmq(args.amqp, args.count, args.concurrency))
     if args.only in (None, "nats"):
         asyncio.run(bench_nats(args.nats, args.count, args.concurrency))
 

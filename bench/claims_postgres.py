@@ -2,6 +2,7 @@
 
     python -m bench.claims_postgres [--url postgresql://postgres@127.0.0.1/test]
                                     [--count 2000] [--concurrency 16] [--history 200000]
+                                    [--smoke]
 
 The backend is built from the URL, as most users build it (one connection of its own); the
 floor is a plain ``INSERT ... ON CONFLICT DO NOTHING`` (autocommit, one round trip) over
@@ -16,7 +17,9 @@ that same connection, measured in the same run. Rows:
 * ``claim won, pool of 4``: throughput when the backend is given a 4-connection pool.
 
 Latency is measured one call at a time; ops/s with ``--concurrency`` calls in flight.
-Tables are created under a fresh name and dropped at the end.
+Tables are created under a fresh name and dropped at the end. Every claimed slot is in the
+past (long due, no ``max_late_ms``), so the store never refuses one as ``early``.
+``--smoke`` runs the whole table with tiny counts (see ``bench/common.py``).
 """
 
 from __future__ import annotations
@@ -35,11 +38,20 @@ from anarchon_core.backends.postgres import PostgresBackend
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 from anarchon_core.url import mask_url
 
-from .common import Measurement, measure, print_table
+from .common import (
+    SMOKE_CONCURRENCY,
+    SMOKE_COUNT,
+    Measurement,
+    add_smoke_flag,
+    measure,
+    print_table,
+    warmup_for,
+)
 
 DEFAULT_URL = os.environ.get("ANARCHON_BENCH_POSTGRES_URL",
                              "postgresql://postgres@127.0.0.1:5432/test")
-BASE_SLOT = 10**12
+BASE_SLOT = 10**12  # 2001-09-09: due long ago
+SMOKE_HISTORY = 1_000
 
 
 def claim_request(job: str, slot: int, runner: str = "bench", *,
@@ -75,7 +87,7 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
 
         # Backups: every slot is first won by "owner", then claimed by the measured caller.
         held: dict[int, ClaimRequest] = {}
-        for i in range(-100, 2 * count):
+        for i in range(-warmup_for(count), 2 * count):
             held[i] = claim_request("held", BASE_SLOT + i * 1000, "owner", overlap=True)
             assert (await backend.claim(held[i])).won
 
@@ -92,8 +104,10 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
 
         if history:
             await conn.execute(sql.SQL(
-                "INSERT INTO {} SELECT 'h' || (i %% 50), i, 0, 1, 't', 'success', 'r', NULL, "
-                "i, i + 5, NULL FROM generate_series(1, %s) i").format(sql.Identifier(table)),
+                "INSERT INTO {} (job, slot, manual, attempt, token, status, runner, "
+                "lease_until, started_at, finished_at, error) "
+                "SELECT 'h' || (i %% 50), i, 0, 1, 't', 'success', 'r', NULL, i, i + 5, NULL "
+                "FROM generate_series(1, %s) i").format(sql.Identifier(table)),
                 (history,))
             await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
             rows.append(await measure(f"claim won, {history} rows of history",
@@ -137,7 +151,11 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--history", type=int, default=200_000)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.count, args.concurrency = SMOKE_COUNT, SMOKE_CONCURRENCY
+        args.history = SMOKE_HISTORY
     asyncio.run(run(args.url, args.count, args.concurrency, args.history))
 
 

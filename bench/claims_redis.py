@@ -1,6 +1,7 @@
 """Claim latency and throughput of each Redis strategy beside the floor ``SET NX PX``.
 
     .venv/bin/python -m bench.claims_redis [--url redis://127.0.0.1:6379/0] [--count 2000]
+        [--concurrency 16] [--smoke]
 
 For every strategy, over the same ``redis.asyncio`` client anarchon opens: the strategy's
 claim of a fresh run (the winning path; 100 jobs in turn, as a service with many jobs
@@ -10,6 +11,11 @@ has. Latencies are taken one call at a time with the floor and the claims interl
 that noise from other processes hits both alike; ops/s is a separate batch with
 ``--concurrency`` calls in flight. The last column is the median over the floor's median
 (target for ``lease``: ≤ 1.5). Keys go under a fresh prefix and are deleted afterwards.
+
+Slots are due ones, as the scheduler claims them: every call claims its own slot, all of
+them in the few seconds before the store's clock as read at the start (a slot more than
+a second ahead of that clock is refused as ``early``). ``--smoke`` runs every table with
+tiny counts (see ``bench/common.py``).
 """
 
 from __future__ import annotations
@@ -23,20 +29,30 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from anarchon_core.backend import new_token
 from anarchon_core.backends.redis import RedisBackend
 from anarchon_core.backends.redis.clients import Commands
-from anarchon_core.models import ClaimRequest
+from anarchon_core.models import ClaimOutcome, ClaimRequest
 
-from .common import Measurement, print_table
+from .common import (
+    SMOKE_CONCURRENCY,
+    SMOKE_COUNT,
+    Measurement,
+    add_smoke_flag,
+    print_table,
+    warmup_for,
+)
 
 JOBS = 100
 Op = Callable[[int], Awaitable[object]]
 
 
 async def interleaved(ops: dict[str, Op], count: int, concurrency: int,
-                      warmup: int = 100) -> list[Measurement]:
-    """Latencies of each op, calls interleaved (op1(i), op2(i)...); then ops/s per op."""
-    for i in range(warmup):
+                      warmup: int) -> list[Measurement]:
+    """Latencies of each op, calls interleaved (op1(i), op2(i)...); then ops/s per op.
+
+    ``i`` runs from ``-warmup`` (untimed) up to ``2 * count - 1``, in increasing order.
+    """
+    for i in range(-warmup, 0):
         for op in ops.values():
-            await op(-1 - i)
+            await op(i)
     latencies: dict[str, list[float]] = {name: [] for name in ops}
     for i in range(count):
         for name, op in ops.items():
@@ -64,28 +80,36 @@ async def bench_strategy(url: str, strategy: str, count: int,
     await backend.start()
     conn = backend._conn
     assert conn is not None
-    base = await backend.clock_ms()
+    warmup = warmup_for(count)
+    # Call i (from -warmup to 2*count - 1) claims slot `due + i`: one slot per call, the
+    # last one a millisecond before the store's clock, increasing per job (the stream-id
+    # strategy refuses a slot below one it already holds).
+    due = await backend.clock_ms() - 2 * count
 
     def request(i: int, runner: str) -> ClaimRequest:
-        return ClaimRequest(job=f"job{i % JOBS}", slot=base + i * 1_000, token=new_token(),
+        return ClaimRequest(job=f"job{i % JOBS}", slot=due + i, token=new_token(),
                             runner=runner, overlap=True, max_late_ms=None)
 
     async def floor(i: int) -> object:
-        return await conn.call("SET", f"{prefix}floor:{i}", new_token(), "NX", "PX", 30_000)
+        result = await conn.call("SET", f"{prefix}floor:{i}", new_token(), "NX", "PX", 30_000)
+        assert result is not None, "SET NX refused a fresh key"
+        return result
 
     async def claim(i: int) -> object:
         result = await backend.claim(request(i, "bench"))
-        assert result.won, result
+        assert result.outcome is ClaimOutcome.WON, result
         return result
 
     async def backup(i: int) -> object:
-        return await backend.claim(request(i, "backup"))  # the run claim(i) just won
+        result = await backend.claim(request(i, "backup"))  # the run claim(i) just won
+        assert result.outcome is ClaimOutcome.RUNNING, result
+        return result
 
     ops: dict[str, Op] = {"floor: SET NX PX 30000": floor, f"{strategy}: claim (wins)": claim}
     if strategy == "lease":
         ops["lease: claim (running: backup)"] = backup
     try:
-        return await interleaved(ops, count, concurrency)
+        return await interleaved(ops, count, concurrency, warmup)
     finally:
         keys = [k async for k in _scan(conn, f"{prefix}*")]
         keys += [k async for k in _scan(conn, f"{{{prefix}*")]
@@ -109,7 +133,10 @@ async def main() -> None:
     parser.add_argument("--url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--count", type=int, default=2_000)
     parser.add_argument("--concurrency", type=int, default=16)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.count, args.concurrency = SMOKE_COUNT, SMOKE_CONCURRENCY
     for strategy in ("lease", "stream-id", "script"):
         rows = await bench_strategy(args.url, strategy, args.count, args.concurrency)
         print_table(f"Redis strategy {strategy!r} ({args.url}, {args.count} calls each, "

@@ -1,12 +1,37 @@
-"""Shared measuring and printing for the benchmarks (one command each, a table out)."""
+"""Shared measuring and printing for the benchmarks (one command each, a table out).
+
+Every command takes ``--smoke``: tiny counts, a few seconds, the same tables (floor row
+included). It checks that the command still runs against the current code; its figures
+mean nothing. ``tests/test_bench_smoke.py`` runs every command that way.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+#: Calls per row under ``--smoke`` (and in flight for the ops/s batch).
+SMOKE_COUNT = 20
+SMOKE_CONCURRENCY = 4
+#: Untimed calls before each measured row (fewer when the row itself is shorter).
+WARMUP = 100
+
+
+def add_smoke_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--smoke``: the command's every table with tiny counts, to see that it runs."""
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="tiny counts (a few seconds): checks that the command runs and prints its "
+             "tables; the figures are meaningless")
+
+
+def warmup_for(count: int) -> int:
+    """Untimed calls before a row of ``count`` timed calls."""
+    return min(WARMUP, count)
 
 
 @dataclass
@@ -29,14 +54,15 @@ class Measurement:
 
 async def measure(
     name: str, op: Callable[[int], Awaitable[object]], *, count: int = 2000,
-    concurrency: int = 16, warmup: int = 100,
+    concurrency: int = 16, warmup: int | None = None,
 ) -> Measurement:
     """Time ``op(i)`` ``count`` times one after another (latency), then ``count`` times
     with ``concurrency`` in flight (throughput). ``i`` is unique per call, so each call can
-    claim a fresh slot.
+    claim a fresh slot: the untimed warm-up calls take ``-warmup .. -1`` (default
+    :func:`warmup_for`), the timed ones ``0 .. 2*count-1``, each range in increasing order.
     """
-    for i in range(warmup):
-        await op(-1 - i)
+    for i in range(-(warmup_for(count) if warmup is None else warmup), 0):
+        await op(i)
     latencies = []
     for i in range(count):
         started = time.perf_counter()

@@ -1,12 +1,14 @@
 """Core benchmark: SQLite claims per second (1 and 4 processes) and scheduler CPU.
 
-    python -m bench.core [--seconds 5] [--cpu-seconds 30]
+    python -m bench.core [--seconds 5] [--cpu-seconds 30] [--smoke]
 
-Prints two tables. Claims: each process claims fresh slots back to back for ``--seconds``;
-the baseline is a plain ``INSERT ... ON CONFLICT DO NOTHING`` in a ``BEGIN IMMEDIATE``
-transaction on the same kind of file, measured in the same run. CPU: one scheduler with
-1,000 ``every("10s")`` jobs whose handlers do nothing (100 claims/s), against the same
-scheduler whose 1,000 jobs are daily (timers only), scaled to CPU seconds per minute.
+Prints two tables. Claims: each process claims fresh slots back to back for ``--seconds``
+(slots long due, each won: a refused claim stops the run); the baseline is a plain
+``INSERT ... ON CONFLICT DO NOTHING`` in a ``BEGIN IMMEDIATE`` transaction on the same kind
+of file, measured in the same run. CPU: one scheduler with 1,000 ``every("10s")`` jobs
+whose handlers do nothing (100 claims/s), against the same scheduler whose 1,000 jobs are
+daily (timers only), scaled to CPU seconds per minute. ``--smoke`` runs both tables for a
+fraction of a second each (see ``bench/common.py``).
 """
 
 from __future__ import annotations
@@ -14,27 +16,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import queue
 import resource
 import sqlite3
 import tempfile
 import time
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TypeVar
 
 from anarchon_core import Scheduler
 from anarchon_core.backend import new_token
 from anarchon_core.backends.sqlite import SqliteBackend
-from anarchon_core.models import ClaimRequest
+from anarchon_core.models import ClaimOutcome, ClaimRequest
 
+from .common import add_smoke_flag
+
+#: Seconds the scheduler runs before CPU is measured (first claims, thread start-up).
+SETTLE_SECONDS = 2.0
+SMOKE_SECONDS = 0.2
+T = TypeVar("T")
 
 def _claims_worker(path: str, seconds: float, worker: int, out: mp.Queue[int]) -> None:
     async def run() -> int:
         backend = SqliteBackend(path, table="bench")
         await backend.start()
         count, deadline = 0, time.monotonic() + seconds
-        base = 10**12 + worker * 10**9
+        base = 10**12 + worker * 10**9  # 2001 onwards: due long ago
         while time.monotonic() < deadline:
-            await backend.claim(ClaimRequest(job="bench", slot=base + count, token=new_token(),
-                                             runner=f"w{worker}", overlap=True))
+            result = await backend.claim(ClaimRequest(
+                job="bench", slot=base + count, token=new_token(), runner=f"w{worker}",
+                overlap=True))
+            if result.outcome is not ClaimOutcome.WON:
+                raise AssertionError(f"claim of a fresh slot answered {result}")
             count += 1
         await backend.stop()
         return count
@@ -63,14 +77,32 @@ def _rate(target: object, path: str, procs: int, seconds: float) -> float:
                for i in range(procs)]
     for w in workers:
         w.start()
-    total = sum(out.get(timeout=seconds + 60) for _ in workers)
-    for w in workers:
-        w.join()
+    total = sum(_collect(out, workers, timeout=seconds + 60))
     return total / seconds
 
 
+def _collect(out: mp.Queue[T], workers: list[BaseProcess], timeout: float) -> list[T]:
+    """One result from each worker, then join them; fail at once if one of them fails."""
+    results: list[T] = []
+    deadline = time.monotonic() + timeout
+    while len(results) < len(workers):
+        try:
+            results.append(out.get(timeout=0.2))
+        except queue.Empty:
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"a benchmark process failed (exit code {failed[0]}); "
+                                   "see its traceback above") from None
+            if time.monotonic() > deadline:
+                message = f"no result from the benchmark processes in {timeout:g} s"
+                raise TimeoutError(message) from None
+    for w in workers:
+        w.join()
+    return results
+
+
 def claims_table(seconds: float) -> None:
-    print(f"\nSQLite claims per second (fresh slots, {seconds:.0f} s per row, same machine)")
+    print(f"\nSQLite claims per second (fresh slots, {seconds:g} s per row, same machine)")
     print(f"{'processes':>9} {'anarchon claim/s':>17} {'INSERT floor/s':>15} {'claim ÷ floor':>14}")
     for procs in (1, 4):
         with tempfile.TemporaryDirectory() as tmp:
@@ -89,7 +121,8 @@ async def _prepare(path: str) -> None:
     await backend.stop()
 
 
-def _cpu_worker(path: str, interval: str, seconds: float, out: mp.Queue[float]) -> None:
+def _cpu_worker(path: str, interval: str, seconds: float, settle: float,
+                out: mp.Queue[float]) -> None:
     async def run() -> float:
         scheduler = Scheduler(SqliteBackend(path, table="cpu"))
 
@@ -99,7 +132,7 @@ def _cpu_worker(path: str, interval: str, seconds: float, out: mp.Queue[float]) 
         for i in range(1000):
             scheduler.every(f"job-{i}", interval, noop)
         await scheduler.start()
-        await asyncio.sleep(2)  # settle: first claims, thread start-up
+        await asyncio.sleep(settle)
         before = resource.getrusage(resource.RUSAGE_SELF)
         await asyncio.sleep(seconds)
         after = resource.getrusage(resource.RUSAGE_SELF)
@@ -108,8 +141,8 @@ def _cpu_worker(path: str, interval: str, seconds: float, out: mp.Queue[float]) 
     out.put(asyncio.run(run()))
 
 
-def cpu_table(seconds: float) -> None:
-    print(f"\nScheduler CPU with 1,000 jobs in one instance (measured {seconds:.0f} s, "
+def cpu_table(seconds: float, settle: float = SETTLE_SECONDS) -> None:
+    print(f"\nScheduler CPU with 1,000 jobs in one instance (measured {seconds:g} s, "
           "scaled to a minute)")
     print(f"{'jobs':<34} {'CPU s/min':>10} {'% of a core':>12}")
     ctx = mp.get_context("spawn")
@@ -118,10 +151,9 @@ def cpu_table(seconds: float) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out: mp.Queue[float] = ctx.Queue()
             p = ctx.Process(target=_cpu_worker,
-                            args=(str(Path(tmp) / "cpu.db"), interval, seconds, out))
+                            args=(str(Path(tmp) / "cpu.db"), interval, seconds, settle, out))
             p.start()
-            cpu = out.get(timeout=seconds + 120)
-            p.join()
+            [cpu] = _collect(out, [p], timeout=settle + seconds + 120)
         per_min = cpu * 60 / seconds
         print(f"{label:<34} {per_min:>10.2f} {per_min / 60 * 100:>11.1f}%")
 
@@ -130,9 +162,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.core")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--cpu-seconds", type=float, default=30.0)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds = args.cpu_seconds = SMOKE_SECONDS
     claims_table(args.seconds)
-    cpu_table(args.cpu_seconds)
+    cpu_table(args.cpu_seconds, settle=SMOKE_SECONDS if args.smoke else SETTLE_SECONDS)
 
 
 if __name__ == "__main__":

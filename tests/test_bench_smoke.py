@@ -1,0 +1,145 @@
+"""Every ``bench/`` command still runs: its ``--smoke`` profile exits 0 and prints its tables.
+
+Nothing here looks at a figure (tiny counts measure nothing): a command passes when it
+runs against the current code and prints each of its tables with the row it is measured
+against (the floor) and its measured rows. Each command runs as users run it, a
+subprocess ``python -m bench.<name> --smoke``, on the stores the rest of the suite uses;
+RabbitMQ only ever on the test session's own node. A missing store skips loudly, or fails
+under ``CI=true``.
+
+A new benchmark joins by adding a :class:`Smoke` entry to ``SMOKES`` (its command must
+take ``--smoke``); :func:`test_every_bench_command_is_smoke_tested` fails until it does.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .stores import StoreHandle, unavailable
+from .stores import nats as nats_store
+from .stores import postgres as postgres_store
+from .stores import rabbitmq as rabbitmq_store
+from .stores import redis as redis_store
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Bound on one smoke run; each takes a few seconds.
+TIMEOUT_S = 60
+
+_NUM = r"\d+(?:\.\d+)?"
+
+
+@dataclass(frozen=True)
+class Expect:
+    """A line pattern the output must match exactly ``times`` times."""
+
+    pattern: str
+    times: int = 1
+
+
+def floor_row(label: str, times: int = 1) -> Expect:
+    """The floor row: label, median, p99, ops/s, and 1.00 (its median over itself)."""
+    return Expect(rf"^{re.escape(label)} +{_NUM} +{_NUM} +{_NUM} +1\.00$", times)
+
+
+def row(label: str, times: int = 1) -> Expect:
+    """A measured row: label, median, p99, ops/s, and its ratio to the floor."""
+    return Expect(rf"^{re.escape(label)} +{_NUM} +{_NUM} +{_NUM} +{_NUM}$", times)
+
+
+def table(floor: str, rows: list[str], times: int = 1) -> list[Expect]:
+    """A ``bench.common.print_table`` table: header, floor row and measured rows."""
+    header = Expect(r"^operation +median ms +p99 ms +ops/s +median ×floor$", times)
+    return [header, floor_row(floor, times), *(row(label, times) for label in rows)]
+
+
+def dedicated_amqp() -> str:
+    """The test session's own RabbitMQ node; never the machine's shared broker."""
+    if rabbitmq_store.URL == rabbitmq_store.SHARED_URL:
+        unavailable("a dedicated RabbitMQ node",
+                    "none was started (the shared broker is not used for benchmarks)")
+    return rabbitmq_store.URL
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """One benchmark command's smoke run and what its output must show."""
+
+    id: str
+    module: str
+    expect: list[Expect]
+    #: Store ids (see tests/stores) opened first: a missing one skips, or fails under CI.
+    stores: tuple[str, ...] = ()
+    #: Extra arguments, built once the stores are known to be there.
+    args: Callable[[], list[str]] = list
+
+
+SMOKES: list[Smoke] = [
+    Smoke("core", "bench.core", [
+        Expect(r"^processes +anarchon claim/s +INSERT floor/s +claim ÷ floor$"),
+        Expect(rf"^ +1 +\d+ +\d+ +{_NUM}$"),
+        Expect(rf"^ +4 +\d+ +\d+ +{_NUM}$"),
+        Expect(rf"^1,000 daily jobs \(timers only\) +{_NUM} +{_NUM}%$"),
+        Expect(rf"^1,000 every\('10s'\) no-op jobs +{_NUM} +{_NUM}%$"),
+    ]),
+    Smoke("redis", "bench.claims_redis", [
+        *table("floor: SET NX PX 30000", [], times=3),
+        row("lease: claim (wins)"), row("lease: claim (running: backup)"),
+        row("stream-id: claim (wins)"), row("script: claim (wins)"),
+    ], stores=("redis",), args=lambda: ["--url", redis_store.SHARED_URL]),
+    Smoke("postgres", "bench.claims_postgres", [
+        *table("floor: INSERT ON CONFLICT", [
+            "claim won", "claim lost (backup check)", "heartbeat",
+            "claim won, 1000 rows of history", "claim won, pool of 4"]),
+        Expect(r"^throughput ÷ floor: claim won: "),
+    ], stores=("postgres",), args=lambda: ["--url", postgres_store.POSTGRES_URL]),
+    Smoke("rabbitmq", "bench.claims_brokers", [
+        Expect(r"^RabbitMQ "),
+        *table("confirmed publish (floor)", ["claim, won", "claim, taken"]),
+    ], stores=("rabbitmq",), args=lambda: ["--only", "rabbitmq", "--amqp", dedicated_amqp()]),
+    Smoke("nats", "bench.claims_brokers", [
+        Expect(r"^NATS JetStream "),
+        *table("JetStream publish (floor)", ["claim, won", "claim, taken"]),
+    ], stores=("nats",), args=lambda: ["--only", "nats", "--nats", nats_store.URL]),
+]
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def bench_commands() -> set[str]:
+    """Every runnable module of ``bench/`` (one with a ``__main__`` block)."""
+    return {f"bench.{path.stem}" for path in (ROOT / "bench").glob("*.py")
+            if 'if __name__ == "__main__":' in path.read_text()}
+
+
+def test_every_bench_command_is_smoke_tested() -> None:
+    missing = bench_commands() - {smoke.module for smoke in SMOKES}
+    assert not missing, f"add a Smoke entry to SMOKES in {Path(__file__).name} for {missing}"
+
+
+@pytest.mark.parametrize("smoke", SMOKES, ids=[smoke.id for smoke in SMOKES])
+def test_smoke_profile_runs_and_prints_tables(
+        smoke: Smoke, store_handles: Callable[[str], StoreHandle]) -> None:
+    for store in smoke.stores:
+        store_handles(store)
+    command = [sys.executable, "-m", smoke.module, "--smoke", *smoke.args()]
+    try:
+        out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                             timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(command[1:])} still running after {TIMEOUT_S} s:\n"
+                    f"{_text(exc.stdout)}\n{_text(exc.stderr)}")
+    report = f"$ {' '.join(command[1:])}\n{out.stdout}\n{out.stderr[-3000:]}"
+    status = out.returncode
+    assert status == 0, report
+    for expect in smoke.expect:
+        found = len(re.findall(expect.pattern, out.stdout, re.MULTILINE))
+        assert found == expect.times, f"{expect.pattern!r}: {found} lines\n{report}"
