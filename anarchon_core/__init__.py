@@ -37,6 +37,7 @@ from .models import (
 from .options import JobOptions
 from .scheduler import NotClaimed, Scheduler, run_forever
 from .schedules import CronSchedule, EverySchedule, Schedule
+from .schema import sql_schema
 from .slots import slot_from_datetime, slot_to_datetime
 from .sync import SyncScheduler
 from .url import backend_from_url, mask_url
@@ -111,6 +112,7 @@ __all__ = [
     "run_forever",
     "slot_from_datetime",
     "slot_to_datetime",
+    "sql_schema",
 ]
 
 

@@ -27,11 +27,17 @@ Rules every backend keeps:
   descending). An attempt still ``running`` whose lease has expired is reported
   ``interrupted``: its runner is gone even if no backup has taken over yet.
 * A run's state is never trimmed while it is running, nor while a claim could still ask
-  for it (``ClaimRequest.keep_ms``); beyond that, history is kept to about
-  ``history_size`` runs per job and, when set, to ``history_ttl_ms``.
+  for it (``Backend.retention.keep_ms``); beyond that, history is kept to about
+  ``retention.history_size`` runs per job and, when set, to ``retention.history_ttl_ms``.
+* ``finish`` stores ``meta`` (checked by :func:`~anarchon_core.models.validate_meta`) with
+  the attempt; ``history`` and ``runs`` return it as :attr:`Run.meta`.
 * ``start`` creates what is missing (tables, streams), writes the format record if absent
   and raises :class:`StoreFormatError` when the store's format is newer than
   :data:`FORMAT_VERSION`. ``stop`` closes only what the backend opened itself.
+* With ``read_only=True`` a backend creates nothing and writes nothing (no format record,
+  no markers): ``start`` checks the store exists (a :class:`StoreError` saying so if it
+  was never set up) and its format, and ``claim``, ``heartbeat``, ``finish`` and
+  ``release`` raise :class:`ReadOnlyError`.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ import abc
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
+from .backends.common import refuse_write
 from .models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 
 if TYPE_CHECKING:
@@ -82,7 +89,11 @@ class Backend(abc.ABC):
     """Base class of every store adapter (see the module docstring for the rules)."""
 
     #: Whether the store holds leases: backups, takeover, overlap, catch-up, hand-over.
-    supports_leases: ClassVar[bool] = True
+    #: Read it on the instance (a Redis backend's strategy decides it).
+    supports_leases: bool = True
+    #: Opened with ``read_only=True``: reads history, writes nothing (every write raises
+    #: :class:`~anarchon_core.errors.ReadOnlyError`).
+    read_only: bool = False
     #: What the namespace keeps; set through :meth:`configure_retention`.
     retention: Retention = Retention()
 
@@ -165,12 +176,14 @@ class Backend(abc.ABC):
 class ClaimOnlyBackend(Backend):
     """A store that only decides who runs a slot: no leases, no backups, no overlap."""
 
-    supports_leases: ClassVar[bool] = False
+    supports_leases: bool = False
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Nothing to extend: a claim-only run can never be taken over."""
+        refuse_write(self, "heartbeat")
         return True
 
     async def release(self, ref: RunRef) -> bool:
         """Nothing to hand over: claim-only runs have no lease."""
+        refuse_write(self, "release")
         return False

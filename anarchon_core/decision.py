@@ -110,7 +110,9 @@ def decide(
         if not request.overlap and other_live:
             return Decision(ClaimOutcome.OVERLAP, Action.SKIP, 1, OVERLAP_SKIP)
         return Decision(ClaimOutcome.WON, Action.START, 1, None, now_ms + request.lease_ms)
-    if state.status in FINISHED_STATUSES:
+    if state.status in FINISHED_STATUSES or state.status != "running":
+        # An unknown status (a corrupt or foreign record) is never taken over: the run
+        # may be executing; the backend reports the record and the job's other runs go on.
         return Decision(ClaimOutcome.DONE, attempt=state.attempt)
     if state.token == request.token:
         return Decision(ClaimOutcome.WON, Action.NONE, state.attempt, None, state.lease_until_ms)

@@ -3,14 +3,55 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from .errors import ConfigError
 from .schedules import ms_to_datetime
 
 RunStatus = Literal["running", "success", "failed", "interrupted", "skipped"]
 FINISHED_STATUSES: frozenset[str] = frozenset({"success", "failed", "interrupted", "skipped"})
+
+
+#: Limits of :attr:`Run.meta`: it is stored with every attempt, so it stays small.
+META_MAX_KEYS = 16
+META_MAX_KEY_CHARS = 64
+META_MAX_VALUE_CHARS = 1_024
+META_MAX_TOTAL_CHARS = 4_096
+
+
+def validate_meta(meta: Mapping[str, str] | None) -> dict[str, str]:
+    """Check a run's ``meta`` mapping and return it as a plain dict.
+
+    String keys and values only, at most :data:`META_MAX_KEYS` keys of at most
+    :data:`META_MAX_KEY_CHARS` characters, values of at most :data:`META_MAX_VALUE_CHARS`,
+    and :data:`META_MAX_TOTAL_CHARS` in all; anything else is a :class:`ConfigError`.
+    """
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise ConfigError(f"invalid meta {meta!r}: expected a mapping of str to str")
+    out: dict[str, str] = {}
+    total = 0
+    for key, value in meta.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ConfigError(f"invalid meta entry {key!r}: {value!r}: keys and values must "
+                              "be str")
+        if not key or len(key) > META_MAX_KEY_CHARS:
+            raise ConfigError(f"invalid meta key {key[:80]!r}: 1 to {META_MAX_KEY_CHARS} "
+                              "characters")
+        if len(value) > META_MAX_VALUE_CHARS:
+            raise ConfigError(f"meta value of {key!r} is {len(value)} characters; at most "
+                              f"{META_MAX_VALUE_CHARS}")
+        total += len(key) + len(value)
+        out[key] = value
+    if len(out) > META_MAX_KEYS:
+        raise ConfigError(f"meta has {len(out)} keys; at most {META_MAX_KEYS}")
+    if total > META_MAX_TOTAL_CHARS:
+        raise ConfigError(f"meta holds {total} characters; at most {META_MAX_TOTAL_CHARS}")
+    return out
 
 
 class ClaimOutcome(str, enum.Enum):
@@ -45,8 +86,9 @@ class ClaimRequest:
 
     ``token`` is fresh for every claim call; if the claim wins it becomes the attempt's
     fencing token. ``max_late_ms`` bounds how long after ``slot`` (by the store's clock) a
-    first attempt may still start; ``None`` means no bound (manual runs). ``keep_ms`` is
-    how far back runs must stay in the store because a late claim could still ask for them.
+    first attempt may still start; ``None`` means no bound (manual runs). How much history
+    the store keeps is the namespace's configuration (``Backend.retention``), not the
+    claim's.
     """
 
     job: str
@@ -58,9 +100,6 @@ class ClaimRequest:
     overlap: bool = False
     max_attempts: int = 3
     max_late_ms: int | None = None
-    keep_ms: int = 0
-    history_size: int = 1000
-    history_ttl_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,8 +182,8 @@ class RunPage(list[Run]):
     """One page of history, newest first: a ``list[Run]`` with the cursor of the next page.
 
     Pass :attr:`cursor` as ``before=`` to read the page after this one; it is ``None`` on
-    the last page. Pages are keyed on ``(slot, job, attempt)``, so runs written while a
-    reader pages never shift the pages it has not read yet.
+    the last page. Pages are keyed on ``(slot, job, manual, attempt)``, so runs written
+    while a reader pages never shift the pages it has not read yet.
     """
 
     def __init__(self, runs: list[Run] | None = None, cursor: str | None = None) -> None:
@@ -175,3 +214,5 @@ class ExpiredRun:
     slot: int
     attempt: int
     manual: bool = False
+    #: The store-clock instant the lease expired (ms), when the store knows it.
+    lease_until_ms: int | None = None

@@ -23,8 +23,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .backend import Backend
+from .backends.common import refuse_write
 from .decision import HANDED_OVER, Action, RunState, decide, needs_overlap_check
-from .models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from .models import (
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimResult,
+    ExpiredRun,
+    HistoryQuery,
+    Run,
+    RunPage,
+    RunRef,
+)
+from .readmodel import dump_meta, history_reader, load_meta, page_jobs, read_status
 from .schedules import ms_to_datetime
 
 __all__ = ["MemoryBackend"]
@@ -40,6 +51,7 @@ class _Attempt:
     started_at: int
     finished_at: int | None = None
     error: str | None = None
+    meta: str | None = None
 
 
 class MemoryBackend(Backend):
@@ -47,12 +59,23 @@ class MemoryBackend(Backend):
 
     :param clock: returns "the store's clock" in ms; defaults to the wall clock. Tests can
         pass their own to move time without sleeping.
+    :param read_only: refuse every write (:class:`~anarchon_core.errors.ReadOnlyError`);
+        :meth:`reader` gives a read-only view of another memory backend's runs.
     """
 
-    def __init__(self, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, clock: Callable[[], int] | None = None, *,
+                 read_only: bool = False) -> None:
         self._clock = clock or (lambda: round(time.time() * 1000))
         self._runs: dict[tuple[str, int, bool], list[_Attempt]] = {}
         self._lock = asyncio.Lock()
+        self.read_only = read_only
+
+    def reader(self) -> MemoryBackend:
+        """A read-only backend that sees this backend's runs (as a second instance would)."""
+        view = MemoryBackend(self._clock, read_only=True)
+        view._runs = self._runs
+        view._lock = self._lock
+        return view
 
     async def clock_ms(self) -> int:
         """The configured clock."""
@@ -69,6 +92,7 @@ class MemoryBackend(Backend):
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """Apply the lease decision table."""
+        refuse_write(self, "claim")
         async with self._lock:
             now = self._clock()
             key = (request.job, request.slot, request.manual)
@@ -101,13 +125,14 @@ class MemoryBackend(Backend):
 
     def _trim(self, request: ClaimRequest, now: int) -> None:
         """Keep about ``history_size`` runs and ``history_ttl_ms``, like the stores do."""
+        keep = self.retention
         slots = sorted((k for k in self._runs if k[0] == request.job), reverse=True)
-        cutoffs = [slots[request.history_size][1]] if len(slots) > request.history_size else []
-        if request.history_ttl_ms is not None:
-            cutoffs.append(now - request.history_ttl_ms)
+        cutoffs = [slots[keep.history_size][1]] if len(slots) > keep.history_size else []
+        if keep.history_ttl_ms is not None:
+            cutoffs.append(now - keep.history_ttl_ms)
         if not cutoffs:
             return
-        cutoff, keep_after = max(cutoffs), now - request.keep_ms
+        cutoff, keep_after = max(cutoffs), now - keep.keep_ms
         for key in slots:
             if key[1] <= cutoff and key[1] < keep_after and \
                     self._runs[key][-1].status != "running":
@@ -124,6 +149,7 @@ class MemoryBackend(Backend):
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease if ``ref`` is the current attempt."""
+        refuse_write(self, "heartbeat")
         current = self._current(ref)
         if current is None:
             return False
@@ -132,21 +158,37 @@ class MemoryBackend(Backend):
 
     async def finish(self, ref: RunRef, status: str, error: str | None = None,
                      meta: Mapping[str, str] | None = None) -> bool:
-        """Record the end if ``ref`` is the current attempt."""
+        """Record the end (and ``meta``) if ``ref`` is the current attempt."""
+        refuse_write(self, "finish")
+        stored_meta = dump_meta(meta)
         current = self._current(ref)
         if current is None:
             return False
-        current.status, current.error = status, error
+        current.status, current.error, current.meta = status, error, stored_meta
         current.finished_at, current.lease_until = self._clock(), None
         return True
 
     async def release(self, ref: RunRef) -> bool:
         """Expire the lease now (hand-over)."""
+        refuse_write(self, "release")
         current = self._current(ref)
         if current is None:
             return False
         current.lease_until, current.error = self._clock(), HANDED_OVER
         return True
+
+    async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
+        """Runs of ``job`` still running whose lease expired by the configured clock."""
+        now = self._clock()
+        out = []
+        for (name, slot, manual), attempts in self._runs.items():
+            last = attempts[-1]
+            if name == job and last.status == "running" and \
+                    (last.lease_until is None or last.lease_until <= now):
+                out.append(ExpiredRun(name, slot, last.attempt, manual))
+                if len(out) >= limit:
+                    break
+        return out
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first."""
@@ -156,13 +198,20 @@ class MemoryBackend(Backend):
             if name != job:
                 continue
             for a in attempts:
-                status, error = a.status, a.error
-                if status == "running" and a.lease_until is not None and a.lease_until <= now:
-                    status, error = "interrupted", error or "lease expired: the runner is gone"
+                status, error = read_status(a.status, a.error, a.lease_until, now)
                 out.append(Run(job=name, slot=slot, attempt=a.attempt, status=status,
                                runner=a.runner, started_at=ms_to_datetime(a.started_at),
                                finished_at=ms_to_datetime(a.finished_at)
                                if a.finished_at is not None else None,
-                               error=error, manual=manual))
+                               error=error, manual=manual, meta=load_meta(a.meta)))
         out.sort(key=lambda r: (r.slot, r.manual, r.attempt), reverse=True)
         return out[:limit]
+
+    async def runs(self, query: HistoryQuery) -> RunPage:
+        """One page of history across every job, newest first."""
+        return await page_jobs({k[0] for k in self._runs}, history_reader(self.history), query)
+
+    async def job_names(self) -> dict[str, Run | None]:
+        """Every job with runs, with its newest attempt."""
+        names = sorted({k[0] for k in self._runs})
+        return {name: next(iter(await self.history(name, 1)), None) for name in names}

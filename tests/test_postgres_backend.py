@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +21,9 @@ from anarchon_core import backend_from_url
 from anarchon_core.backend import new_token
 from anarchon_core.backends import postgres as pg
 from anarchon_core.backends.postgres import PostgresBackend
-from anarchon_core.errors import ConfigError, StoreError
-from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+from anarchon_core.errors import ConfigError, ReadOnlyError, StoreError, StoreUnavailable
+from anarchon_core.models import ClaimOutcome, ClaimRequest, HistoryQuery, RunRef
+from anarchon_core.schema import sql_schema
 
 from .stores.postgres import POSTGRES_URL, connect
 
@@ -298,9 +298,12 @@ async def test_dropped_connection_is_reopened_and_the_run_goes_on(
         killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                "WHERE application_name = %s", (app,)).fetchall()
         assert killed == [(True,)]
-        with caplog.at_level(logging.WARNING, logger="anarchon.postgres"):
-            assert await backend.heartbeat(ref(r), 60_000)
-        assert "retry" in caplog.text
+        # The call that finds the connection dead fails as transient (the scheduler
+        # retries it, with no retry loop of the backend's own); the next one reconnects.
+        with pytest.raises(StoreUnavailable) as caught:
+            await backend.heartbeat(ref(r), 60_000)
+        assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+        assert await backend.heartbeat(ref(r), 60_000)
         assert (await backend.claim(req("job", slot, "b"))).outcome is ClaimOutcome.RUNNING
         assert await backend.finish(ref(r), "success")
         assert sessions(admin, app, 1) == 1
@@ -313,7 +316,7 @@ async def test_claim_waiting_on_a_frozen_lock_holder_fails_without_writing(
     admin: Any, cleanup: None, namespace: str
 ) -> None:
     """A claim that cannot commit never reports won and leaves nothing behind."""
-    backend = PostgresBackend(POSTGRES_URL, table=namespace, timeout_ms=300, retries=1)
+    backend = PostgresBackend(POSTGRES_URL, table=namespace, timeout_ms=300)
     await backend.start()
     holder = connect()
     try:
@@ -321,8 +324,9 @@ async def test_claim_waiting_on_a_frozen_lock_holder_fails_without_writing(
         holder.execute("BEGIN")
         holder.execute(backend._sql["lock_job"], {"lock_key": "job"})  # as a frozen claim
         started = time.monotonic()
-        with pytest.raises(psycopg.errors.LockNotAvailable):
+        with pytest.raises(StoreUnavailable) as caught:
             await backend.claim(req("job", slot))
+        assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
         assert time.monotonic() - started < 5
         assert (await backend.claim(req("other-job", slot))).won, "other jobs must not wait"
         holder.execute("ROLLBACK")
@@ -410,8 +414,9 @@ async def test_claim_queries_use_indexes_on_a_long_history(
 async def test_commit_whose_answer_was_lost_is_never_reported_twice(
     cleanup: None, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The connection drops after COMMIT reached the server: the retried finish sees its
-    own result; the retried claim wins its own attempt once, without a second attempt."""
+    """The connection drops after COMMIT reached the server: the call fails as transient;
+    the caller's retry of the claim (same token) wins its own attempt once, and the
+    retried finish sees its own result."""
     backend = PostgresBackend(POSTGRES_URL, table=namespace)
     await backend.start()
     real = pg._drive_async
@@ -422,7 +427,7 @@ async def test_commit_whose_answer_was_lost_is_never_reported_twice(
         result = await real(*args)  # committed
         if lose_next:
             lose_next = False
-            raise pg._TransientError(psycopg.OperationalError("server closed the connection"))
+            raise psycopg.OperationalError("server closed the connection")
         return result
 
     monkeypatch.setattr(pg, "_drive_async", drive)
@@ -430,6 +435,8 @@ async def test_commit_whose_answer_was_lost_is_never_reported_twice(
         slot = await backend.clock_ms()
         r = req("job", slot)
         lose_next = True
+        with pytest.raises(StoreUnavailable):
+            await backend.claim(r)
         result = await backend.claim(r)
         # The retry carries the same token: the caller owns attempt 1, recorded once.
         assert (result.outcome, result.attempt) == (ClaimOutcome.WON, 1)
@@ -440,7 +447,87 @@ async def test_commit_whose_answer_was_lost_is_never_reported_twice(
         r2 = req("job", slot + 1, overlap=True)
         assert (await backend.claim(r2)).won
         lose_next = True
+        with pytest.raises(StoreUnavailable):
+            await backend.finish(ref(r2), "failed", "ValueError: x")
         assert await backend.finish(ref(r2), "failed", "ValueError: x")
         assert not await backend.finish(ref(r2), "failed", "ValueError: x"), "finished twice"
     finally:
         await backend.stop()
+
+
+# ---------------------------------------------------------------- read-only, meta upgrade
+
+async def test_read_only_backend_works_with_a_select_only_role(
+    admin: Any, namespace: str, cleanup: None,
+) -> None:
+    writer = PostgresBackend(POSTGRES_URL, table=namespace)
+    await writer.start()
+    role = f"anarchon_ro_{namespace}"
+    try:
+        r = req("sync", await writer.clock_ms())
+        assert (await writer.claim(r)).won
+        assert await writer.finish(ref(r), "success", meta={"task": "42"})
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        for table in (namespace, f"{namespace}_meta"):
+            admin.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                sql.Identifier(table), sql.Identifier(role)))
+        as_role = POSTGRES_URL.replace("postgres@", f"{role}@", 1)
+        assert as_role != POSTGRES_URL
+        reader = PostgresBackend(as_role, table=namespace, read_only=True)
+        await reader.start()
+        try:
+            [run] = await reader.history("sync")
+            assert (run.status, run.meta) == ("success", {"task": "42"})
+            assert [x.slot for x in await reader.runs(HistoryQuery())] == [r.slot]
+            assert list(await reader.job_names()) == ["sync"]
+            with pytest.raises(ReadOnlyError):
+                await reader.claim(req("sync", r.slot + 1000))
+        finally:
+            await reader.stop()
+        # the role really is read-only: a writing backend cannot even write the format row
+        refused = PostgresBackend(as_role, table=namespace)
+        with pytest.raises(StoreError, match=r"(?i)permission denied"):
+            await refused.start()
+        await refused.stop()
+    finally:
+        await writer.stop()
+        exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        if exists:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+async def test_a_format_1_table_gets_the_meta_column(
+    admin: Any, namespace: str, cleanup: None,
+) -> None:
+    # The table as format 1 created it, before Run.meta existed.
+    statements = sql_schema("postgresql", namespace)
+    old = statements[0].replace("meta TEXT, ", "")
+    assert old != statements[0]
+    for statement in (old, *statements[1:]):
+        admin.execute(statement)
+    admin.execute(sql.SQL(
+        "INSERT INTO {} (job, slot, manual, attempt, token, status, runner, started_at, "
+        "finished_at) VALUES ('sync', 1000, 0, 1, 't', 'success', 'old', 1000, 2000)"
+    ).format(sql.Identifier(namespace)))
+    reader = PostgresBackend(POSTGRES_URL, table=namespace, read_only=True)
+    await reader.start()
+    try:
+        [run] = await reader.history("sync")  # read-only: nothing changed, meta reads empty
+        assert (run.runner, run.meta) == ("old", {})
+    finally:
+        await reader.stop()
+    columns = "SELECT column_name FROM information_schema.columns WHERE table_name = %s"
+    assert "meta" not in {c for (c,) in admin.execute(columns, (namespace,)).fetchall()}
+    writer = PostgresBackend(POSTGRES_URL, table=namespace)
+    await writer.start()
+    try:
+        assert "meta" in {c for (c,) in admin.execute(columns, (namespace,)).fetchall()}
+        r = req("sync", await writer.clock_ms())
+        assert (await writer.claim(r)).won
+        assert await writer.finish(ref(r), "success", meta={"k": "v"})
+        assert [x.meta for x in await writer.history("sync")] == [{"k": "v"}, {}]
+    finally:
+        await writer.stop()
+    assert admin.execute(sql.SQL("SELECT value FROM {} WHERE name = 'format'").format(
+        sql.Identifier(f"{namespace}_meta"))).fetchone() == ("1",)

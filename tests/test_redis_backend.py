@@ -17,25 +17,30 @@ import redis
 from redis.crc import key_slot
 
 from anarchon_core import Scheduler
-from anarchon_core.backend import new_token
+from anarchon_core.backend import Retention, new_token
 from anarchon_core.backends.redis import (
     Idmp,
     Lease,
     RedisBackend,
-    RedisClaimOnlyBackend,
     Script,
     StreamId,
     ValkeyBackend,
-    ValkeyClaimOnlyBackend,
 )
 from anarchon_core.backends.redis.claims import IdmpState, claim_only
 from anarchon_core.backends.redis.clients import Commands, LuaScript, open_client
+from anarchon_core.backends.redis.stores import ClaimOnlyStore, LeaseStore
 from anarchon_core.decision import late_error
-from anarchon_core.errors import ConfigError, StoreFormatError, UnsupportedStrategyError
-from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+from anarchon_core.errors import (
+    ConfigError,
+    ReadOnlyError,
+    StoreError,
+    StoreFormatError,
+    UnsupportedStrategyError,
+)
+from anarchon_core.models import ClaimOutcome, ClaimRequest, HistoryQuery, RunRef
 from anarchon_core.url import backend_from_url
 
-from .stores.redis import SHARED_URL
+from .stores.redis import SHARED_URL, start_server
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +85,7 @@ async def test_lease_key_layout_and_types(admin: Any, namespace: str) -> None:
     tag = f"{{{prefix}sync}}"
     assert keys_of(admin, prefix) == {
         f"{prefix}format": "string",
+        f"{prefix}jobs": "set",
         f"{tag}:state": "hash",
         f"{tag}:active": "set",
         f"{tag}:slots": "zset",
@@ -87,6 +93,7 @@ async def test_lease_key_layout_and_types(admin: Any, namespace: str) -> None:
         f"{tag}:results": "zset",
     }
     assert admin.get(f"{prefix}format") == "1"
+    assert admin.smembers(f"{prefix}jobs") == {"sync"}
     assert len({key_slot(k.encode()) for k in keys_of(admin, prefix) if "{" in k}) == 1
     assert admin.hlen(f"{tag}:state") == 3
     assert admin.smembers(f"{tag}:active") == {str(now)}
@@ -113,6 +120,7 @@ async def test_claim_only_key_layout_and_types(admin: Any, namespace: str) -> No
             await backend.stop()
         assert keys_of(admin, prefix) == {
             f"{prefix}format": "string",
+            f"{prefix}jobs": "set",
             f"{prefix}sync:runs": "stream",
             f"{prefix}sync:manual": "stream",
             f"{prefix}sync:results": "zset",
@@ -229,11 +237,12 @@ async def test_script_window_forgets_old_claims(namespace: str) -> None:
 async def test_claim_only_history_is_trimmed(admin: Any, namespace: str) -> None:
     prefix = f"{namespace}:"
     backend = RedisBackend(SHARED_URL, strategy="stream-id", prefix=prefix)
+    backend.configure_retention(Retention(history_size=10))
     await backend.start()
     try:
         base = await backend.clock_ms()
         for i in range(400):
-            r = req(base + i, history_size=10)
+            r = req(base + i)
             assert (await backend.claim(r)).won
             assert await backend.finish(ref(r), "success")
         runs = await backend.history("job", limit=1000)
@@ -319,8 +328,9 @@ async def test_idmp_config_script_runs_up_to_xcfgset_on_redis_7(admin: Any,
     line = next(n for n, text in enumerate(script.source.splitlines(), 1)
                 if "redis.call('XCFGSET'" in text)
     try:
-        with pytest.raises(redis.ResponseError, match=f"(?i)unknown.*@user_script:{line}\\b"):
+        with pytest.raises(StoreError, match=f"(?i)unknown.*@user_script:{line}\\b") as caught:
             await script.run(conn, [key], [300, 1000])
+        assert isinstance(caught.value.__cause__, redis.ResponseError)
     finally:
         await conn.close()
     # it got past creating the empty stream (XGROUP CREATE MKSTREAM + DESTROY) and XINFO
@@ -355,8 +365,9 @@ async def test_idmp_claim_sends_the_documented_commands() -> None:
     strategy = Idmp(duration_sec=900, max_size=5000)
     a = req(1_791_633_610_000, "a", job="sync")
     b = req(1_791_633_610_000, "b", job="sync")
-    assert (await claim_only(conn, "cron:", strategy, a, state)).won
-    assert (await claim_only(conn, "cron:", strategy, b, state)).outcome is ClaimOutcome.TAKEN
+    assert (await claim_only(conn, "cron:", strategy, a, idmp=state, history_size=1000)).won
+    assert (await claim_only(conn, "cron:", strategy, b, idmp=state, history_size=1000)
+            ).outcome is ClaimOutcome.TAKEN
     xadds = [s for s in sent if s[0] == "XADD"]
     assert xadds[0][:6] == ("XADD", "cron:sync:runs", "IDMP", "sync", "1791633610000", "*")
     configs = [s for s in sent if s[1] == LuaScript.load("idmp_config").sha]
@@ -370,16 +381,20 @@ def test_strategies_as_objects_names_and_dicts() -> None:
     assert isinstance(RedisBackend(strategy="script").strategy, Script)
     b = RedisBackend(strategy={"name": "script", "window_ms": 600_000})
     assert b.strategy == Script(window_ms=600_000)
-    assert type(b) is RedisClaimOnlyBackend
+    assert type(b) is RedisBackend
+    assert isinstance(b.store, ClaimOnlyStore)
     assert not b.supports_leases
-    assert isinstance(b, RedisBackend)
     assert RedisBackend().supports_leases
-    assert type(RedisBackend(strategy=Lease())) is RedisBackend
+    assert isinstance(RedisBackend().store, LeaseStore)
+    lease = RedisBackend(strategy=Lease())
+    assert type(lease) is RedisBackend
+    assert lease.supports_leases
     assert RedisBackend(strategy=Idmp(duration_sec=900, max_size=5_000)).strategy.as_dict() == \
         {"name": "idmp", "duration_sec": 900, "max_size": 5_000}
     v = ValkeyBackend(strategy=StreamId())
-    assert type(v) is ValkeyClaimOnlyBackend
-    assert isinstance(v, ValkeyBackend)
+    assert type(v) is ValkeyBackend
+    assert isinstance(v.store, ClaimOnlyStore)
+    assert not v.supports_leases
     assert "ValkeyBackend(valkey=" in v.describe()
 
 
@@ -452,7 +467,8 @@ def test_bad_prefixes_are_config_errors(prefix: str) -> None:
 def test_from_url_reads_prefix_and_strategy_and_hides_the_password() -> None:
     b = backend_from_url("redis://user:s3cret@127.0.0.1:6380/2?prefix=billing:cron:"
                          "&strategy=script")
-    assert isinstance(b, RedisClaimOnlyBackend)
+    assert isinstance(b, RedisBackend)
+    assert not b.supports_leases
     assert (b.prefix, b.strategy) == ("billing:cron:", Script())
     assert "s3cret" not in repr(b)
     assert "***" in repr(b)
@@ -505,3 +521,46 @@ async def test_cluster_runs_every_strategy_without_crossslot(
                     (False, "success"), (True, "success")}
             finally:
                 await backend.stop()
+
+
+# ---------------------------------------------------------------- read-only with an ACL user
+
+async def test_read_only_backend_works_for_an_acl_user_limited_to_reads(
+    tmp_path: Path, namespace: str,
+) -> None:
+    server = start_server(tmp_path)
+    try:
+        with redis.Redis(port=server.port, decode_responses=True) as admin_client:
+            admin_client.execute_command(
+                "ACL", "SETUSER", "reader", "on", ">s3cret", "~*", "resetchannels", "-@all",
+                "+@read", "+@connection", "+time", "+evalsha_ro", "+eval_ro")
+        prefix = f"{namespace}:"
+        for strategy in ("lease", "stream-id"):
+            writer = RedisBackend(server.url, strategy=strategy, prefix=f"{strategy}{prefix}")
+            await writer.start()
+            try:
+                r = req(await writer.clock_ms(), job="sync", max_late_ms=None)
+                assert (await writer.claim(r)).won
+                assert await writer.finish(ref(r), "success", meta={"task": "42"})
+            finally:
+                await writer.stop()
+            reader_url = f"redis://reader:s3cret@127.0.0.1:{server.port}/0"
+            reader = RedisBackend(reader_url, strategy=strategy, prefix=f"{strategy}{prefix}",
+                                  read_only=True)
+            await reader.start()
+            try:
+                [run] = await reader.history("sync")
+                assert (run.slot, run.status, run.meta) == (r.slot, "success", {"task": "42"})
+                assert [x.slot for x in await reader.runs(HistoryQuery())] == [r.slot]
+                assert list(await reader.job_names()) == ["sync"]
+                with pytest.raises(ReadOnlyError):
+                    await reader.claim(req(r.slot + 1000, job="sync"))
+            finally:
+                await reader.stop()
+            # the ACL really refuses writes: a writing backend cannot start
+            refused = RedisBackend(reader_url, strategy=strategy, prefix=f"{strategy}{prefix}")
+            with pytest.raises(StoreError, match=r"(?i)noperm|permission"):
+                await refused.start()
+            await refused.stop()
+    finally:
+        server.stop()

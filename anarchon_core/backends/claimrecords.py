@@ -28,6 +28,7 @@ field       claim   result  meaning
 ``started`` no      yes     when the run was claimed (ms; ``""`` if unknown)
 ``status``  no      yes     ``success``, ``failed``, ``interrupted`` or ``skipped``
 ``error``   no      opt.    error text (absent when there is none)
+``meta``    no      opt.    the run's meta as JSON text (absent when empty)
 ==========  ======  ======  ==============================================================
 """
 
@@ -40,7 +41,9 @@ from dataclasses import dataclass
 
 from ..errors import StoreError
 from ..models import ClaimRequest, Run, RunRef
+from ..readmodel import load_meta
 from ..schedules import ms_to_datetime
+from .storeerrors import CorruptRecords
 
 __all__ = [
     "RECORD_VERSION",
@@ -56,6 +59,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("anarchon.claimrecords")
+#: Records a store holds that anarchon cannot read: reported once each, then skipped.
+corrupt_records = CorruptRecords(log)
 
 #: Version of the record layout. Readers skip records of a version they do not know.
 RECORD_VERSION = "1"
@@ -87,6 +92,7 @@ class ResultRecord:
     at_ms: int
     status: str
     error: str | None
+    meta: str | None = None
 
 
 Record = ClaimRecord | ResultRecord
@@ -103,7 +109,7 @@ def claim_record(request: ClaimRequest, at_ms: int) -> dict[str, str]:
 
 def result_record(
     ref: RunRef, *, status: str, error: str | None, runner: str, started_ms: int | None,
-    at_ms: int,
+    at_ms: int, meta: str | None = None,
 ) -> dict[str, str]:
     """Return the result record of the run ``ref``: ``status`` (and ``error``) at ``at_ms``."""
     if status not in _RESULT_STATUSES:
@@ -116,6 +122,8 @@ def result_record(
     }
     if error is not None:
         record["error"] = error
+    if meta:
+        record["meta"] = meta
     return record
 
 
@@ -154,15 +162,21 @@ def parse_record(fields: Mapping[str, str] | Mapping[bytes, bytes]) -> Record:
         slot, at_ms = int(data["slot"]), int(data["at"])
         manual = data["manual"] == "1"
         if data["kind"] == "claim":
+            ms_to_datetime(slot)
+            ms_to_datetime(at_ms)
             return ClaimRecord(job, slot, manual, token, runner, at_ms)
         if data["kind"] == "result":
             status = data["status"]
             if status not in _RESULT_STATUSES:
                 raise StoreError(f"unknown result status {status!r}")
             started = int(data["started"]) if data.get("started") else None
+            if started is not None:
+                ms_to_datetime(started)
+            ms_to_datetime(slot)
+            ms_to_datetime(at_ms)
             return ResultRecord(job, slot, manual, token, runner, started, at_ms, status,
-                                data.get("error"))
-    except (KeyError, ValueError) as exc:
+                                data.get("error"), data.get("meta"))
+    except (KeyError, ValueError, OverflowError) as exc:
         raise StoreError(f"malformed anarchon record: {exc!r}") from None
     raise StoreError(f"unknown record kind {data['kind']!r}")
 
@@ -200,18 +214,23 @@ def runs_from_records(records: Iterable[Record], limit: int | None = None) -> li
             started_at=ms_to_datetime(started) if started is not None else None,
             finished_at=ms_to_datetime(result.at_ms) if result is not None else None,
             error=result.error if result is not None else None, manual=base.manual,
+            meta=load_meta(result.meta) if result is not None else {},
         ))
     runs.sort(key=lambda r: (r.slot, r.manual, r.started_at or ms_to_datetime(0)),
               reverse=True)
     return runs if limit is None else runs[:limit]
 
 
-def parse_many(items: Iterable[Mapping[str, str] | Mapping[bytes, bytes]]) -> list[Record]:
-    """Decode records, skipping (with a warning) anything that is not a record."""
+def parse_many(items: Iterable[Mapping[str, str] | Mapping[bytes, bytes]], *,
+               key: str = "history", job: str = "") -> list[Record]:
+    """Decode records, skipping anything that is not a record.
+
+    Each skipped record is reported once (a warning naming ``key`` and ``job``).
+    """
     records: list[Record] = []
     for fields in items:
         try:
             records.append(parse_record(fields))
         except StoreError as exc:
-            log.warning("skipping a history entry anarchon cannot read: %s", exc)
+            corrupt_records.report(key, job, repr(dict(fields)), str(exc))
     return records

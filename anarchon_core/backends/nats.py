@@ -30,6 +30,10 @@ Store format: the stream's description holds ``anarchon-format=<n>``; a stream m
 someone else without a description gets it added, one with another description is used
 without a format record.
 
+Jobs of the namespace (:meth:`job_names`, :meth:`runs`) are read from the subjects the
+stream holds. With ``read_only=True`` nothing is created or published; history is read
+through short-lived consumers, as always (a reader needs permission to create them).
+
 nats-server 2.9.x with ``num_replicas > 1`` could accept two conditional publishes to one
 subject in rare leader changes (fixed in later servers): use one replica there (the
 default here).
@@ -40,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import nats
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
@@ -55,17 +59,21 @@ from nats.js.errors import APIError, NotFoundError
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
 from ..decision import late_error
 from ..errors import ConfigError, StoreError, StoreFormatError
-from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
-from ..url import mask_url, split_namespace_params
+from ..readmodel import dump_meta, history_reader, page_jobs
+from ..url import check_nats_url, mask_url, split_namespace_params
 from .claimrecords import (
     claim_record,
+    corrupt_records,
     decode_json,
     encode_json,
     parse_many,
     result_record,
     runs_from_records,
 )
+from .common import local_now_ms, parse_flag, refuse_write
+from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 if TYPE_CHECKING:
     from ..options import JobOptions
@@ -114,16 +122,34 @@ def token_job(token: str) -> str:
     return data.decode()
 
 
-_CREDENTIALS = re.compile(r"//([^:/@\s]*):([^@\s]*)@")
 
 
-def scrub(text: str) -> str:
-    """Mask ``user:password@`` in any URL inside ``text`` (driver error messages)."""
-    return _CREDENTIALS.sub(r"//\1:***@", text)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+_NATS_TRANSIENT = (
+    nats.errors.TimeoutError, nats.errors.NoServersError, nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError, nats.errors.FlushTimeoutError,
+    nats.errors.NoRespondersError, nats.errors.ConnectionDrainingError,
+    nats.errors.UnexpectedEOF, nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError, nats.js.errors.NoStreamResponseError,
+    nats.js.errors.FetchTimeoutError,
+)
+
+
+def _classify(exc: BaseException) -> Kind:
+    """NATS's error table.
+
+    Timeouts, no servers, a connection closed, stale, reconnecting or draining, no
+    responders and JetStream's 5xx answers (no quorum, leader election) are transient;
+    other NATS and JetStream errors (a refused login, a bad request, a limit) are the
+    store's. Anything else is not a store error.
+    """
+    if isinstance(exc, _NATS_TRANSIENT):
+        return TRANSIENT
+    if isinstance(exc, nats.errors.Error | nats.js.errors.Error):
+        return STORE
+    return None
 
 
 def _subject_covers(pattern: str, prefix: str) -> bool:
@@ -157,13 +183,17 @@ class NatsBackend(ClaimOnlyBackend):
         24 h): how long runs are remembered, for late claims and for history.
     :param timeout_s: how long a connect or a JetStream request may take.
     :param connect_options: more keyword arguments for ``nats.connect`` (TLS, creds...).
+    :param read_only: read history only: create, update and publish nothing (every write
+        raises :class:`~anarchon_core.errors.ReadOnlyError`).
     """
 
     def __init__(
         self, servers: str | Sequence[str] | Client = DEFAULT_SERVERS, *,
         prefix: str = "cron.", stream: str = "CRON", max_age_ms: int = 86_400_000,
         timeout_s: float = 5.0, connect_options: dict[str, Any] | None = None,
+        read_only: bool = False,
     ) -> None:
+        self.read_only = parse_flag("read_only", read_only)
         validate_prefix(prefix)
         if prefix.startswith(".") or ".." in prefix:
             raise ConfigError(f"invalid prefix {prefix!r}: empty subject tokens")
@@ -177,6 +207,8 @@ class NatsBackend(ClaimOnlyBackend):
             raise ConfigError(f"invalid max_age_ms {max_age_ms!r}: expected an int ≥ 60000")
         self.max_age_ms = max_age_ms
         self.timeout_s = timeout_s
+        self._ping_s: float | None = None
+        self._errors = StoreErrors(self.describe, _classify)
         self._connect_options = dict(connect_options or {})
         if isinstance(servers, Client):
             self._servers: list[str] = []
@@ -187,6 +219,8 @@ class NatsBackend(ClaimOnlyBackend):
                     ("nats://", "tls://", "ws://", "wss://")) for u in urls):
                 shown = [mask_url(u) if isinstance(u, str) else repr(u) for u in urls]
                 raise ConfigError(f"invalid NATS servers {shown!r}: expected nats://host:4222")
+            for server in urls:
+                check_nats_url(server)  # ConfigError with the URL masked
             self._servers, self._given = urls, None
         self._nc: Client | None = None
         self._closing = False
@@ -199,7 +233,7 @@ class NatsBackend(ClaimOnlyBackend):
     def from_url(cls, url: str, **options: Any) -> NatsBackend:
         """``nats://host:4222?prefix=billing.cron.&stream=BILLING`` (both optional)."""
         rest, params = split_namespace_params(url)
-        unknown = sorted(set(params) - {"prefix", "stream"})
+        unknown = sorted(set(params) - {"prefix", "stream", "read_only"})
         if unknown:
             raise ConfigError(f"invalid NATS URL {mask_url(url)!r}: unknown parameter "
                               f"{unknown[0]!r}")
@@ -254,17 +288,30 @@ class NatsBackend(ClaimOnlyBackend):
             "name": "anarchon", "connect_timeout": max(1, round(self.timeout_s)),
             "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,
             "error_cb": on_error, "disconnected_cb": on_disconnect,
-            "reconnected_cb": on_reconnect, **self._connect_options,
+            "reconnected_cb": on_reconnect,
         }
-        try:
-            # nats-py retries the first connect as often as a reconnect (here: forever).
-            nc: Client = await asyncio.wait_for(nats.connect(self._servers, **options),
-                                                self.timeout_s * 2)
-        except Exception as exc:  # noqa: BLE001 - re-raised as StoreError, URLs masked
-            shown = ", ".join(mask_url(u) for u in self._servers)
-            raise StoreError(f"cannot connect to NATS at {shown}: {type(exc).__name__}: "
-                             f"{scrub(str(exc))}") from None
+        if self._ping_s is not None:
+            # A dead connection is noticed after two unanswered pings, within the lease.
+            options.update(ping_interval=self._ping_s, max_outstanding_pings=2)
+        options.update(self._connect_options)
+        # nats-py retries the first connect as often as a reconnect (here: forever); the
+        # caller's guard turns the timeout into StoreUnavailable (URLs masked).
+        nc: Client = await asyncio.wait_for(nats.connect(self._servers, **options),
+                                            self.timeout_s * 2)
         return nc
+
+    def tune_timeouts(self, lease_ms: int) -> None:
+        """Fit the connection anarchon opens to ``lease_ms`` (the shortest lease wins).
+
+        Pings every quarter lease (1 s to 120 s) with at most 2 outstanding, so a dead
+        connection is noticed within the lease, and connect and JetStream request
+        timeouts of at most half the lease (never above ``timeout_s``). Options in
+        ``connect_options`` win; a client you passed in is left as it is.
+        """
+        lease_s = lease_ms / 1000
+        ping = min(120.0, max(1.0, lease_s / 4))
+        self._ping_s = ping if self._ping_s is None else min(self._ping_s, ping)
+        self.timeout_s = min(self.timeout_s, max(1.0, lease_s / 2))
 
     async def _js(self) -> Any:
         if not self._ready:
@@ -280,9 +327,11 @@ class NatsBackend(ClaimOnlyBackend):
             if self._ready and (self._given is not None or
                                 (self._nc is not None and not self._nc.is_closed)):
                 return
-            js = (await self._client()).jetstream(timeout=self.timeout_s)
             try:
-                info = await self._ensure_stream(js)
+                with self._errors.guard("start"):
+                    js = (await self._client()).jetstream(timeout=self.timeout_s)
+                    info = await (self._existing_stream(js) if self.read_only
+                                  else self._ensure_stream(js))
                 self._check_format(info.config.description)
             except BaseException:
                 await self.stop()
@@ -293,6 +342,20 @@ class NatsBackend(ClaimOnlyBackend):
                             "are remembered only that long", self.stream, max_age,
                             self.max_age_ms)
             self._ready = True
+
+    async def _existing_stream(self, js: Any) -> Any:
+        """The stream's info, or a StoreError if it does not hold this namespace."""
+        never = ("so the store was never set up (or the stream or prefix is wrong); start a "
+                 "backend without read_only=True on it first")
+        try:
+            info = await js.stream_info(self.stream)
+        except NotFoundError:
+            raise StoreError(f"{self.describe()}: there is no stream {self.stream!r}, "
+                             f"{never}") from None
+        if not any(_subject_covers(s, self._base) for s in info.config.subjects or []):
+            raise StoreError(f"{self.describe()}: stream {self.stream!r} does not hold the "
+                             f"subjects {self._base}>, {never}")
+        return info
 
     async def _ensure_stream(self, js: Any) -> Any:
         wanted = f"{self._base}>"
@@ -363,7 +426,7 @@ class NatsBackend(ClaimOnlyBackend):
 
     async def clock_ms(self) -> int:
         """Return the local clock (claims themselves are judged by the server's)."""
-        return _now_ms()
+        return local_now_ms()
 
     # ------------------------------------------------------------------ claims
 
@@ -386,12 +449,21 @@ class NatsBackend(ClaimOnlyBackend):
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """``won`` for the first claimant of the run, ``taken`` for every other.
 
+        See :meth:`_claim`; store failures raise StoreUnavailable or StoreError.
+        """
+        refuse_write(self, "claim")
+        with self._errors.guard("claim"):
+            return await self._claim(request)
+
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
+        """``won`` for the first claimant of the run, ``taken`` for every other.
+
         A won claim stored later than ``max_late_ms`` after the slot by the server's
         clock is recorded ``skipped`` and answers ``late``.
         """
         js = await self._js()
         subject = self.claim_subject(request.job, request.slot, request.manual)
-        record = claim_record(request, _now_ms())
+        record = claim_record(request, local_now_ms())
         try:
             ack = await self._publish_once(js, subject, encode_json(record), request.token)
         except (APIError, nats.errors.Error, asyncio.TimeoutError):
@@ -436,7 +508,15 @@ class NatsBackend(ClaimOnlyBackend):
 
     async def finish(self, ref: RunRef, status: str, error: str | None = None,
                      meta: Mapping[str, str] | None = None) -> bool:
+        """Record the run's result once (see :meth:`_finish`)."""
+        refuse_write(self, "finish")
+        with self._errors.guard("finish"):
+            return await self._finish(ref, status, error, meta)
+
+    async def _finish(self, ref: RunRef, status: str, error: str | None = None,
+                      meta: Mapping[str, str] | None = None) -> bool:
         """Record the run's result once; False if ``ref`` did not win or already ended."""
+        stored_meta = dump_meta(meta)
         js = await self._js()
         won = self._won.get(ref.token)
         if won is None:
@@ -445,10 +525,10 @@ class NatsBackend(ClaimOnlyBackend):
                     stored.headers.get(_MSG_ID) != ref.token:
                 return False
             claim = decode_json(stored.data)
-            started = int(stored.time.timestamp() * 1000) if stored.time else _now_ms()
+            started = int(stored.time.timestamp() * 1000) if stored.time else local_now_ms()
             won = _Won(claim.get("runner", ""), started)
         record = result_record(ref, status=status, error=error, runner=won.runner,
-                               started_ms=won.at_ms, at_ms=_now_ms())
+                               started_ms=won.at_ms, at_ms=local_now_ms(), meta=stored_meta)
         ack = await self._publish_once(js, self.result_subject(ref.job, ref.slot, ref.manual),
                                        encode_json(record), f"{ref.token}:result")
         self._won.pop(ref.token, None)
@@ -476,6 +556,54 @@ class NatsBackend(ClaimOnlyBackend):
             log.debug("deleting consumer %s: %s (it expires by itself)", name, exc)
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
+        """Runs of ``job``, newest first (see :meth:`_history`)."""
+        with self._errors.guard("history read"):
+            return await self._history(job, limit)
+
+    async def job_names(self) -> dict[str, Run | None]:
+        """Every job with a claim or result in the stream, with its newest run."""
+        with self._errors.guard("job list read"):
+            names = await self._jobs()
+            newest = [await self._history(job, 1) for job in names]
+        return {job: (runs[0] if runs else None)
+                for job, runs in zip(names, newest, strict=True)}
+
+    async def runs(self, query: HistoryQuery) -> RunPage:
+        """One page of history across the namespace's jobs, newest first."""
+        with self._errors.guard("history read"):
+            names = [query.job] if query.job is not None else await self._jobs()
+            return await page_jobs(names, history_reader(self._history), query)
+
+    async def _jobs(self) -> list[str]:
+        """The jobs whose subjects the stream holds in this namespace."""
+        js = await self._js()
+        info = await js.stream_info(self.stream, subjects_filter=f"{self._base}>")
+        names = set()
+        for subject in (info.state.subjects or {}):
+            parts = subject[len(self._base):].split(".")
+            if subject.startswith(self._base) and len(parts) in (3, 4) and \
+                    parts[0] in ("run", "man", "res"):
+                try:
+                    names.add(token_job(parts[1]))
+                except (ValueError, UnicodeDecodeError):
+                    continue
+        return sorted(names)
+
+    def _subject_of(self, subject: str, token: str) -> bool:
+        """Whether ``subject`` is a claim or result of job ``token`` in this namespace.
+
+        History reads filter with wildcards, which could also match subjects of a
+        namespace whose prefix extends this one; the exact layout tells them apart.
+        """
+        if not subject.startswith(self._base):
+            return False
+        parts = subject[len(self._base):].split(".")
+        if len(parts) == 3:
+            return parts[0] in ("run", "man") and parts[1] == token
+        return len(parts) == 4 and parts[0] == "res" and parts[1] == token and \
+            parts[3] in ("s", "m")
+
+    async def _history(self, job: str, limit: int = 20) -> list[Run]:
         """Return runs of ``job``, newest first: one entry per run (one attempt each).
 
         Reads only the tail of the stream that holds the newest ``limit`` runs. Runs
@@ -507,11 +635,15 @@ class NatsBackend(ClaimOnlyBackend):
                     messages = await sub.fetch(min(256, count - len(items)),
                                                timeout=self.timeout_s)
                     for message in messages:
+                        if not self._subject_of(message.subject, token):
+                            count -= 1
+                            continue
                         try:
                             items.append(decode_json(message.data))
                         except StoreError as exc:
-                            log.warning("skipping %s in %s: %s", message.subject,
-                                        self.stream, exc)
+                            corrupt_records.report(
+                                f"{self.stream} {message.subject}", job,
+                                message.data.decode("utf-8", "replace"), str(exc))
                             count -= 1
                     if messages and messages[-1].metadata.num_pending == 0:
                         break
@@ -519,5 +651,6 @@ class NatsBackend(ClaimOnlyBackend):
                 await sub.unsubscribe()
         finally:
             await self._delete_consumer(js, name)
-        records = [r for r in parse_many(items) if r.job == job]
+        records = [r for r in parse_many(items, key=f"{self.stream} {self._base}*.{token}",
+                                         job=job) if r.job == job]
         return runs_from_records(records, limit)

@@ -12,23 +12,31 @@ PostgreSQL is only how the steps are executed:
   ``idle_in_transaction_session_timeout`` (set on the connection anarchon opens, local to
   each transaction on a connection or pool of yours): an instance frozen in the middle of
   a claim (SIGSTOP, a long GC pause) cannot hold the job's lock for longer than that;
-* a transaction that fails because the connection dropped (or any
-  :class:`psycopg.OperationalError`) is retried as a whole, a bounded number of times, on a
-  new connection. A claim reports ``won`` only after its ``COMMIT`` succeeded. If the
-  connection drops while the ``COMMIT`` is in flight, the retried claim finds the run
-  already taken and reports ``running``: nobody runs that attempt until its lease expires
-  and a backup takes over as attempt 2; the run is delayed, never duplicated.
+* errors are classified once, here: a dropped or refused connection, a timeout, a lock
+  not granted in time, a server shutting down, a serialization failure (every
+  :class:`psycopg.OperationalError`, and any error that left the connection broken) raise
+  :class:`~anarchon_core.errors.StoreUnavailable`, which the scheduler retries; other
+  database errors raise :class:`~anarchon_core.errors.StoreError`. Nothing is retried
+  inside the backend: the scheduler has the one retry policy. A dead connection of
+  anarchon's own is re-opened on the next call. A claim reports ``won`` only after its
+  ``COMMIT`` succeeded; a claim retried with the same token after its answer was lost is
+  answered ``won`` again (the decision table knows its own token), and a ``finish``
+  retried after a lost answer finds its own result;
+* anarchon's own connection has a connect timeout, TCP keepalives, ``tcp_user_timeout``
+  and a bound on each transaction, all fitted to the lease
+  (:meth:`PostgresBackend.tune_timeouts`): a server that accepts connections but never
+  answers makes ``start()`` fail within :attr:`PostgresBackend.connect_bound_s` (6 s by
+  default, 3 s to 6 s when fitted to a lease).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import re
 import threading
 from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
 
 import psycopg
@@ -36,13 +44,26 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from ..backend import FORMAT_VERSION, Backend
+from ..backend import Backend
 from ..decision import HANDED_OVER
-from ..errors import ConfigError, StoreError
-from ..models import ClaimRequest, ClaimResult, Run, RunRef
-from ..naming import validate_table
-from ..url import NAMESPACE_PARAMS, mask_url, split_namespace_params
-from .sqlstore import SqlQueries, Step, check_format, claim_steps, ref_params, rows_to_runs
+from ..errors import ConfigError, StoreError, StoreUnavailable
+from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
+from ..readmodel import dump_meta
+from ..schema import sql_names, sql_schema, sql_upgrade
+from ..url import NAMESPACE_PARAMS, check_postgres_conninfo, mask_url, split_namespace_params
+from .common import parse_flag, refuse_write
+from .sqlstore import (
+    SqlQueries,
+    Step,
+    check_format,
+    claim_steps,
+    expired_steps,
+    history_steps,
+    job_names_steps,
+    ref_params,
+    runs_steps,
+)
+from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -62,8 +83,51 @@ Connection = Union[
 # Whole milliseconds since the epoch by the server clock. No "::" cast: sqlstore turns
 # ":name" into placeholders.
 _NOW_MS = "CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT)"
-_MAX_IDENT = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1)
-_DEFAULT_CONNECT_TIMEOUT_S = 10
+_DEFAULT_LEASE_MS = 30_000
+
+
+def _classify(exc: BaseException) -> Kind:
+    """PostgreSQL's error table.
+
+    Every :class:`psycopg.OperationalError` is transient: connection refused, reset or
+    closed, a timeout, DNS, ``admin_shutdown`` and the other connection-class errors, a
+    lock not granted within ``lock_timeout``, a serialization failure or deadlock, a pool
+    that gave no connection in time. Other database errors are the store's. Anything else
+    is not a store error.
+    """
+    if isinstance(exc, psycopg.OperationalError):
+        return TRANSIENT
+    if isinstance(exc, psycopg.Error):
+        return STORE
+    return None
+
+
+@dataclass(frozen=True)
+class _Timeouts:
+    """The timeouts of anarchon's own connection, fitted to a lease (``tune_timeouts``)."""
+
+    connect_s: int
+    keepalives_idle_s: int
+    keepalives_interval_s: int
+    keepalives_count: int
+    tcp_user_timeout_ms: int
+    transaction_s: float
+
+    @classmethod
+    def for_lease(cls, lease_ms: int, statement_ms: int) -> _Timeouts:
+        lease_s = lease_ms / 1000
+        return cls(
+            # libpq counts whole seconds and treats less than 2 as 2.
+            connect_s=int(min(5, max(2, lease_s // 3))),
+            keepalives_idle_s=int(min(10, max(1, lease_s // 3))),
+            keepalives_interval_s=int(min(5, max(1, lease_s // 6))),
+            keepalives_count=3,
+            tcp_user_timeout_ms=int(min(15_000, max(1_000, lease_ms // 2))),
+            # A frozen server cannot enforce its statement_timeout: the client bounds each
+            # transaction too, by the lease and never below one statement's limit + 1 s
+            # unless the lease is shorter.
+            transaction_s=max(1.0, min(statement_ms / 1000 + 1, lease_s)),
+        )
 
 
 class PostgresBackend(Backend):
@@ -84,65 +148,80 @@ class PostgresBackend(Backend):
         schema-qualified (``"shipping.cron_runs"``; the schema is created if missing). It is
         the namespace: instances sharing jobs use the same table. A ``<table>_meta`` table
         beside it holds the store format record.
-    :param retries: how many times a transaction is retried after a connection error.
     :param timeout_ms: bound on how long one statement runs or waits for a lock, and on how
         long a transaction may sit idle (a frozen client) before the server ends it.
+    :param read_only: read history only: create, upgrade and write nothing (a role with
+        ``SELECT`` on the two tables is enough); every write raises
+        :class:`~anarchon_core.errors.ReadOnlyError`.
     """
 
     def __init__(
         self, connection: Connection | None = None, *,
-        table: str = "anarchon_runs", retries: int = 6, timeout_ms: int = 5_000,
+        table: str = "anarchon_runs", timeout_ms: int = 5_000,
+        read_only: bool = False,
     ) -> None:
-        parts = validate_table(table, allow_schema=True)
-        for option, value, low in (("retries", retries, 0), ("timeout_ms", timeout_ms, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"invalid {option} {value!r}: expected an int ≥ {low}")
+        names = sql_names("postgresql", table)
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
+            raise ConfigError(f"invalid timeout_ms {timeout_ms!r}: expected an int ≥ 1")
         self.table = table
-        self.retries = retries
         self.timeout_ms = timeout_ms
-        self._schema = parts[0] if len(parts) == 2 else None
-        name = parts[-1]
+        self._errors = StoreErrors(self.describe, _classify)
+        #: Tokens whose finish failed transiently: it may have committed before the answer
+        #: was lost, so the next finish with the token first looks for its own result.
+        self._uncertain: set[str] = set()
+        self.read_only = parse_flag("read_only", read_only)
+        self._schema = names.schema
+        self._names = names
         # A lock wait reports itself as such (LockNotAvailable), before the statement limit.
         settings = {"timeout": str(timeout_ms), "statement_timeout": str(2 * timeout_ms)}
         self._source = _make_source(connection, settings)
-        runs = sql.Identifier(*parts)
-        meta = sql.Identifier(*parts[:-1], _derived(name, "_meta"))
-        self._queries = SqlQueries.render(
-            runs=runs.as_string(), meta=meta.as_string(),
-            live_index=sql.Identifier(_derived(name, "_live")).as_string(),
-            now=_NOW_MS, bigint="BIGINT", placeholder="%({})s",
+        self._sql = self._build_sql(has_meta=True)
+        self._started = False
+
+    def _build_sql(self, *, has_meta: bool) -> dict[str, str]:
+        runs, meta = self._names.runs, self._names.meta
+        queries = SqlQueries.render(
+            runs=runs, meta=meta, now=_NOW_MS, placeholder="%({})s", has_meta=has_meta,
             # Keyed on the table's oid: one key per table whatever name or search_path
             # reached it.
             lock_job=sql.SQL(
                 "SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, "
                 "CAST(CAST(CAST({} AS regclass) AS oid) AS BIGINT)))"
-            ).format(sql.Literal(runs.as_string())).as_string(),
+            ).format(sql.Literal(runs)).as_string(),
         )
-        self._sql: dict[str, str] = {
-            **self._queries.text,
+        return {
+            **queries.text,
             "ddl_lock": "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))",
             "exists": sql.SQL(
-                "SELECT to_regclass({}) IS NOT NULL AND to_regclass({}) IS NOT NULL"
-            ).format(sql.Literal(runs.as_string()), sql.Literal(meta.as_string())).as_string(),
+                "SELECT to_regclass({}) IS NOT NULL, to_regclass({}) IS NOT NULL"
+            ).format(sql.Literal(runs), sql.Literal(meta)).as_string(),
+            "has_meta": sql.SQL(
+                "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({}) "
+                "AND attname = 'meta' AND NOT attisdropped"
+            ).format(sql.Literal(runs)).as_string(),
             "schema_exists": "SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
             "create_schema": sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                 sql.Identifier(self._schema or "public")).as_string(),
             "attempt_status": sql.SQL(
                 "SELECT status, error FROM {} WHERE job = %(job)s AND slot = %(slot)s "
                 "AND manual = %(manual)s AND attempt = %(attempt)s AND token = %(token)s"
-            ).format(runs).as_string(),
+            ).format(sql.SQL(runs)).as_string(),
+            **{f"schema_{i}": statement for i, statement in
+               enumerate(sql_schema("postgresql", self.table, create_schema=False))},
+            **{f"upgrade_{i}": statement for i, statement in
+               enumerate(sql_upgrade("postgresql", self.table))},
         }
-        self._started = False
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresBackend:
         """``postgresql://user:password@host:5432/db?table=shipping.cron_runs``.
 
-        ``table`` is read out of the query string; the other parameters go to libpq
-        (``sslmode``, ``application_name``...). Keyword ``options`` override the URL.
+        ``table`` and ``read_only`` are read out of the query string; the other parameters
+        go to libpq (``sslmode``, ``application_name``...). Keyword ``options`` override
+        the URL.
         """
         _, params = split_namespace_params(url)
-        unknown = sorted(set(params) - {"table"})
+        unknown = sorted(set(params) - {"table", "read_only"})
         if unknown:
             raise ConfigError(
                 f"invalid PostgreSQL URL {mask_url(url)!r}: parameter {unknown[0]!r} is not "
@@ -157,22 +236,43 @@ class PostgresBackend(Backend):
     # -- running transactions ---------------------------------------------------------
 
     async def _run(self, work: Work[T], *, what: str) -> T:
-        """Run ``work`` as one transaction, retrying it on a new connection if one drops."""
-        delay = 0.05
-        for attempt in range(self.retries + 1):
-            try:
-                return await self._source.run(self._sql, work())
-            except _TransientError as exc:
-                if attempt == self.retries:
-                    raise exc.error from None
-                logger.warning(
-                    "PostgreSQL %s failed (%s: %s); retry %d/%d in %.2fs",
-                    what, type(exc.error).__name__, " ".join(str(exc.error).split()),
-                    attempt + 1, self.retries, delay,
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Run ``work`` as one transaction; driver errors become StoreUnavailable/StoreError.
+
+        Nothing is retried here: the scheduler retries a :class:`StoreUnavailable`, and
+        its next call opens a new connection if this one dropped.
+        """
+        with self._errors.guard(what):
+            return await self._source.run(self._sql, work())
+
+    @property
+    def connect_bound_s(self) -> float:
+        """How long a call waits at most for anarchon's own connection to be opened.
+
+        0 for a connection or pool of yours (its own settings apply).
+        """
+        source = self._source
+        return source.connect_bound_s if isinstance(source, _OwnedConnection) else 0.0
+
+    def tune_timeouts(self, lease_ms: int) -> None:
+        """Fit anarchon's own connection to ``lease_ms`` (the shortest lease wins).
+
+        ``connect_timeout`` a third of the lease (2 s to 5 s; the whole connect, with the
+        session settings, is bounded by it + 1 s), TCP keepalives (idle a third of the
+        lease, at most 10 s; probes every sixth, at most 5 s; 3 probes),
+        ``tcp_user_timeout`` half the lease (1 s to 15 s) and each transaction bounded by
+        the lease (at most ``2 * timeout_ms + 1 s``). Values in the conninfo win. A
+        connection or pool of yours is left as it is. Applies from the next connection.
+        """
+        if isinstance(self._source, _OwnedConnection):
+            self._source.tune(lease_ms)
+
+    async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
+        """Runs of ``job`` still running whose lease expired by the server clock.
+
+        One query on the partial index of running rows, at most ``limit`` rows.
+        """
+        await self._ensure_started()
+        return await self._run(lambda: expired_steps(job, limit), what="expired runs read")
 
     async def _ensure_started(self) -> None:
         if not self._started:
@@ -183,24 +283,64 @@ class PostgresBackend(Backend):
 
         Several instances may start at once: creation is serialised by an advisory lock
         on the table name. When both tables already exist nothing is created, so an
-        application role with only read/write rights on them is enough.
+        application role with only read/write rights on them is enough. A table of an
+        earlier release gets the ``meta`` column (``ALTER TABLE``); a role that may not
+        alter it runs on without storing meta, with a warning. With ``read_only`` nothing
+        is created or changed, and a missing table is a :class:`StoreError`.
         """
-        schema, qualified = self._schema, self.table
+        schema, qualified, n_schema = self._schema, self.table, \
+            len(sql_schema("postgresql", self.table, create_schema=False))
+        read_only = self.read_only
 
-        def setup() -> Generator[Step, Any, None]:
-            (exists,) = (yield Step("exists", {}))[0]
-            if not exists:
+        def setup() -> Generator[Step, Any, bool]:
+            runs_exist, meta_exists = (yield Step("exists", {}))[0]
+            if read_only:
+                if not runs_exist:
+                    raise StoreError(
+                        f"{self.describe()}: table {qualified!r} does not exist, so the store "
+                        "was never set up (or the table name is wrong); start a backend "
+                        "without read_only=True on it first"
+                    )
+                if meta_exists:
+                    check_format((yield Step("read_format", {})))
+                return bool((yield Step("has_meta", {})))
+            if not (runs_exist and meta_exists):
                 yield Step("ddl_lock", {"key": f"anarchon:create:{qualified}"})
                 if schema is not None and not (yield Step("schema_exists",
                                                           {"schema": schema})):
                     yield Step("create_schema", {}, rows=False)
-                for name in ("create_runs", "create_live_index", "create_meta"):
-                    yield Step(name, {}, rows=False)
-            yield Step("insert_format", {"format": str(FORMAT_VERSION)}, rows=False)
+                for i in range(n_schema - 1):
+                    yield Step(f"schema_{i}", {}, rows=False)
+            yield Step(f"schema_{n_schema - 1}", {}, rows=False)  # the format record
             check_format((yield Step("read_format", {})))
+            return bool((yield Step("has_meta", {})))
 
-        await self._run(setup, what="start")
+        has_meta = await self._run(setup, what="start")
+        if not has_meta and not read_only:
+            has_meta = await self._add_meta_column()
+        if not has_meta:
+            self._sql = self._build_sql(has_meta=False)
         self._started = True
+
+    async def _add_meta_column(self) -> bool:
+        """Give a table of an earlier release the ``meta`` column; False if not allowed."""
+        def upgrade() -> Generator[Step, Any, None]:
+            yield Step("ddl_lock", {"key": f"anarchon:create:{self.table}"})
+            yield Step("upgrade_0", {}, rows=False)
+
+        try:
+            await self._run(upgrade, what="upgrade")
+        except (psycopg.errors.InsufficientPrivilege, StoreError) as exc:
+            cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+            if not isinstance(cause, psycopg.errors.InsufficientPrivilege):
+                raise
+            logger.warning(
+                "%s: this role may not add the meta column to %s, so Run.meta is not "
+                "stored; run as the table's owner: %s", self.describe(), self.table,
+                sql_upgrade("postgresql", self.table)[0])
+            return False
+        logger.info("%s: added the meta column to %s", self.describe(), self.table)
+        return True
 
     async def stop(self) -> None:
         """Close the connection anarchon opened (a connection or pool of yours stays open)."""
@@ -220,25 +360,35 @@ class PostgresBackend(Backend):
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """Apply the lease decision table in one transaction (see the module docstring)."""
+        refuse_write(self, "claim")
         await self._ensure_started()
-        return await self._run(lambda: claim_steps(request), what="claim")
+        return await self._run(lambda: claim_steps(request, self.retention), what="claim")
 
     async def _update(self, query: str, ref: RunRef, params: dict[str, Any]) -> bool:
+        refuse_write(self, query)
         await self._ensure_started()
-        tried = False
+        uncertain = query == "finish" and ref.token in self._uncertain
 
         def update() -> Generator[Step, Any, bool]:
-            nonlocal tried
             yield Step("lock_job", {"lock_key": ref.job})
-            if tried and query == "finish":
-                # The first try may have committed before its connection dropped.
+            if uncertain:
+                # The previous try may have committed before its answer was lost.
                 rows = yield Step("attempt_status", ref_params(ref))
                 if rows and (rows[0][0], rows[0][1]) == (params["status"], params["error"]):
                     return True
-            tried = True
             return bool((yield Step(query, params, rows=False)) == 1)
 
-        return await self._run(update, what=query)
+        try:
+            done = await self._run(update, what=query)
+        except StoreUnavailable:
+            if query == "finish":
+                if len(self._uncertain) >= 10_000:
+                    self._uncertain.clear()
+                self._uncertain.add(ref.token)
+            raise
+        if query == "finish":
+            self._uncertain.discard(ref.token)
+        return done
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""
@@ -248,7 +398,7 @@ class PostgresBackend(Backend):
                      meta: Mapping[str, str] | None = None) -> bool:
         """Record the end of the attempt if ``ref`` is still the current attempt."""
         return await self._update("finish", ref, {**ref_params(ref), "status": status,
-                                                  "error": error})
+                                                  "error": error, "meta": dump_meta(meta)})
 
     async def release(self, ref: RunRef) -> bool:
         """Expire the lease now so a backup takes over at once."""
@@ -258,12 +408,17 @@ class PostgresBackend(Backend):
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first."""
         await self._ensure_started()
+        return await self._run(lambda: history_steps(job, limit), what="history read")
 
-        def read() -> Generator[Step, Any, list[Any]]:
-            rows: list[Any] = yield Step("history", {"job": job, "limit": limit})
-            return rows
+    async def runs(self, query: HistoryQuery) -> RunPage:
+        """One page of the table's history, newest first (keyset pagination)."""
+        await self._ensure_started()
+        return await self._run(lambda: runs_steps(query), what="history read")
 
-        return rows_to_runs(await self._run(read, what="history read"))
+    async def job_names(self) -> dict[str, Run | None]:
+        """Every job in the table with its newest attempt."""
+        await self._ensure_started()
+        return await self._run(job_names_steps, what="job list read")
 
 
 # Set once per session on anarchon's own connection, per transaction on a user's: a frozen
@@ -274,14 +429,6 @@ _SETTINGS = (
     "set_config('statement_timeout', %(statement_timeout)s, {scope}), "
     "set_config('idle_in_transaction_session_timeout', %(timeout)s, {scope})"
 )
-
-
-def _derived(name: str, suffix: str) -> str:
-    """``name + suffix``, shortened with a hash when longer than PostgreSQL keeps."""
-    if len(name) + len(suffix) <= _MAX_IDENT:
-        return name + suffix
-    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-    return f"{name[:_MAX_IDENT - len(suffix) - 9]}_{digest}{suffix}"
 
 
 def _strip_params(url: str, names: tuple[str, ...]) -> str:
@@ -299,19 +446,17 @@ def _strip_params(url: str, names: tuple[str, ...]) -> str:
 # -- where connections come from ------------------------------------------------------
 
 
-class _TransientError(Exception):
-    """A transaction failed in a way worth retrying on a (new) connection."""
+def _lost(error: psycopg.Error, conn: psycopg.BaseConnection[Any]) -> psycopg.Error:
+    """``error``, or an OperationalError if it left the connection broken.
 
-    def __init__(self, error: psycopg.Error) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _transient(error: psycopg.Error, conn: psycopg.BaseConnection[Any]) -> bool:
-    # A dropped or terminated connection, a lock or statement timeout, a serialisation
-    # failure: OperationalError. A server-side termination can also surface as another
-    # class (idle-in-transaction timeout is an InternalError) with the connection broken.
-    return isinstance(error, psycopg.OperationalError) or conn.broken or conn.closed
+    A server-side termination can surface as another class (the idle-in-transaction
+    timeout is an InternalError) with the connection gone: that is transient too.
+    """
+    if isinstance(error, psycopg.OperationalError) or not (conn.broken or conn.closed):
+        return error
+    lost = psycopg.OperationalError(f"the connection was lost: {error}")
+    lost.__cause__ = error
+    return lost
 
 
 class _Source(Protocol):
@@ -355,9 +500,10 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, st
                 await cur.execute(queries[step.query], step.params)
                 reply = await cur.fetchall() if step.rows else cur.rowcount
     except psycopg.Error as exc:
-        if _transient(exc, conn):
-            raise _TransientError(exc) from exc
-        raise
+        lost = _lost(exc, conn)
+        if lost is exc:
+            raise
+        raise lost from exc
     return result
 
 
@@ -379,9 +525,10 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
                 cur.execute(queries[step.query], step.params)
                 reply = cur.fetchall() if step.rows else cur.rowcount
     except psycopg.Error as exc:
-        if _transient(exc, conn):
-            raise _TransientError(exc) from exc
-        raise
+        lost = _lost(exc, conn)
+        if lost is exc:
+            raise
+        raise lost from exc
     return result
 
 
@@ -389,35 +536,64 @@ class _OwnedConnection:
     """One connection anarchon opens from a conninfo, re-opens after a drop, and closes."""
 
     def __init__(self, conninfo: str, settings: dict[str, str]) -> None:
-        try:
-            params = conninfo_to_dict(conninfo)
-        except psycopg.ProgrammingError as exc:
-            raise ConfigError(
-                f"invalid PostgreSQL connection string {_mask_conninfo(conninfo)!r}: {exc}"
-            ) from None
+        params = check_postgres_conninfo(conninfo, conninfo_to_dict)
         self.conninfo = conninfo
         self.settings = settings
-        self.extra: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in params:
-            self.extra["connect_timeout"] = _DEFAULT_CONNECT_TIMEOUT_S
-        if "application_name" not in params:
-            self.extra["application_name"] = "anarchon"
+        self.given = params
+        self.lease_ms: int | None = None
+        self.extra: dict[str, Any] = {}
+        self.timeouts = _Timeouts.for_lease(_DEFAULT_LEASE_MS, 0)
+        self.tune(_DEFAULT_LEASE_MS)
+        self.lease_ms = None
         self.conn: psycopg.AsyncConnection[Any] | None = None
         self.lock = asyncio.Lock()
+
+    def tune(self, lease_ms: int) -> None:
+        """Fit the timeouts to ``lease_ms`` (the shortest lease asked for wins)."""
+        self.lease_ms = lease_ms if self.lease_ms is None else min(self.lease_ms, lease_ms)
+        t = self.timeouts = _Timeouts.for_lease(self.lease_ms,
+                                                int(self.settings["statement_timeout"]))
+        wanted: dict[str, Any] = {
+            "autocommit": True, "application_name": "anarchon",
+            "connect_timeout": t.connect_s, "keepalives": 1,
+            "keepalives_idle": t.keepalives_idle_s,
+            "keepalives_interval": t.keepalives_interval_s,
+            "keepalives_count": t.keepalives_count,
+            "tcp_user_timeout": t.tcp_user_timeout_ms,
+        }
+        self.extra = {k: v for k, v in wanted.items() if k == "autocommit" or k not in self.given}
+
+    @property
+    def connect_bound_s(self) -> float:
+        """The whole connect (every address libpq tries, the session settings) ends by this."""
+        given = self.given.get("connect_timeout")
+        try:
+            seconds = max(2, int(given)) if given is not None else self.timeouts.connect_s
+        except ValueError:
+            seconds = self.timeouts.connect_s
+        return float(seconds + 1)
 
     def describe(self) -> str:
         return repr(_mask_conninfo(self.conninfo)) if self.conninfo else "'' (libpq defaults)"
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        try:
+        async def connect() -> psycopg.AsyncConnection[Any]:
             conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.extra)
             try:
                 await conn.execute(_SETTINGS.format(scope="false"), self.settings)
             except BaseException:
                 await conn.close()
                 raise
-        except psycopg.OperationalError as exc:
-            raise _TransientError(exc) from exc
+            return conn
+
+        bound = self.connect_bound_s
+        try:
+            # libpq's connect_timeout applies per address and attempt; this bounds it all,
+            # including a server that accepts the connection and never answers.
+            conn = await asyncio.wait_for(connect(), bound)
+        except asyncio.TimeoutError:
+            raise psycopg.OperationalError(
+                f"no answer from the server within {bound:g} s (connect)") from None
         logger.debug("connected to %s", self.describe())
         return conn
 
@@ -427,7 +603,13 @@ class _OwnedConnection:
                 self.conn = await self._connect()
             conn = self.conn
             try:
-                return await _drive_async(conn, queries, steps, None)
+                limit = self.timeouts.transaction_s
+                try:
+                    return await asyncio.wait_for(_drive_async(conn, queries, steps, None),
+                                                  limit)
+                except asyncio.TimeoutError:
+                    raise psycopg.OperationalError(
+                        f"no answer from the server within {limit:g} s") from None
             except BaseException:
                 # Dropped, or interrupted mid-transaction (cancelled): start afresh.
                 if conn.broken or conn.closed or \
@@ -469,11 +651,8 @@ class _UserAsyncPool:
         return "<psycopg_pool.AsyncConnectionPool>"
 
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
-        try:
-            async with self.pool.connection() as conn:
-                return await _drive_async(conn, queries, steps, self.settings)
-        except psycopg.OperationalError as exc:  # PoolTimeout: no connection came
-            raise _TransientError(exc) from exc
+        async with self.pool.connection() as conn:  # PoolTimeout is an OperationalError
+            return await _drive_async(conn, queries, steps, self.settings)
 
     async def close(self) -> None:
         return None
@@ -508,11 +687,8 @@ class _UserSyncPool:
         return "<psycopg_pool.ConnectionPool>"
 
     def _run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
-        try:
-            with self.pool.connection() as conn:
-                return _drive_sync(conn, queries, steps, self.settings)
-        except psycopg.OperationalError as exc:
-            raise _TransientError(exc) from exc
+        with self.pool.connection() as conn:  # PoolTimeout is an OperationalError
+            return _drive_sync(conn, queries, steps, self.settings)
 
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
         return await asyncio.to_thread(self._run, queries, steps)
@@ -549,7 +725,5 @@ def _make_source(connection: object, settings: dict[str, str]) -> _Source:
 
 
 def _mask_conninfo(conninfo: str) -> str:
-    """A URL or ``key=value`` conninfo with any password replaced by ``***``."""
-    if "://" in conninfo:
-        return mask_url(conninfo)
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", conninfo)
+    """A URL or ``key=value`` conninfo with every credential replaced by ``***``."""
+    return mask_url(conninfo)

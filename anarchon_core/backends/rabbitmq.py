@@ -20,8 +20,16 @@ record per won run and one result record per finished run (see
 concurrent readers and writers never disturb each other. Because AMQP cannot tell a
 stream reader where the stream ends, :meth:`history` first appends a small marker
 record and reads from the start of the stream until it sees its own marker. The stream
-keeps about ``history_size`` runs (``x-max-length-bytes``, whole segments at a time)
-and, when ``history_ttl_ms`` is set, drops older records (``x-max-age``).
+keeps about the namespace's ``retention.history_size`` runs (``x-max-length-bytes``,
+whole segments at a time) and, when ``retention.history_ttl_ms`` is set, drops older
+records (``x-max-age``). AMQP cannot list queues, so the jobs of a namespace are recorded
+in the stream ``<prefix>jobs`` (one record per job and process, when the process first
+writes its history), which :meth:`job_names` and :meth:`runs` read.
+
+Read-only (``read_only=True``): nothing is declared or published. History is read without
+a marker: the read ends when the stream has delivered nothing for
+:data:`READ_ONLY_QUIET_S` (so a read takes at least that long, and records appended during
+the read may or may not be included).
 
 Clock: RabbitMQ does not give clients its time, so late claims are judged by this
 machine's clock (:meth:`clock_ms`). Clock skew can only change whether a late slot runs,
@@ -44,7 +52,6 @@ import contextlib
 import hashlib
 import logging
 import re
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,26 +60,37 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import (
+    AMQPConnectionError,
+    AMQPError,
+    ChannelClosed,
+    ChannelInvalidStateError,
     ChannelNotFoundEntity,
     ChannelPreconditionFailed,
+    ConnectionClosed,
     DeliveryError,
+    ProbableAuthenticationError,
     PublishError,
 )
+from aiormq.exceptions import ChannelAccessRefused
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
 from ..decision import late_error
-from ..errors import ConfigError, StoreError, StoreFormatError
-from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..errors import ConfigError, StoreError, StoreFormatError, StoreUnavailable
+from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
-from ..url import mask_url, split_namespace_params
+from ..readmodel import dump_meta, page_jobs
+from ..url import check_amqp_url, mask_url, split_namespace_params
 from .claimrecords import (
     claim_record,
+    corrupt_records,
     decode_json,
     encode_json,
     parse_many,
     result_record,
     runs_from_records,
 )
+from .common import local_now_ms, parse_flag, refuse_write
+from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 if TYPE_CHECKING:
     from ..options import JobOptions
@@ -86,20 +104,29 @@ MAX_QUEUE_NAME = 255
 #: Stream bytes per run of history: a claim and a result record with their AMQP headers.
 _BYTES_PER_RUN = 1_200
 _MIN_HISTORY_BYTES = 64_000
-_CREDENTIALS = re.compile(r"//([^:/@\s]*):([^@\s]*)@")
 _CURRENT_FORMAT = re.compile(r"current is (?:the value )?'?(\w+)'?")
+#: Read-only history reads end after the stream delivered nothing for this long.
+READ_ONLY_QUIET_S = 0.5
+_JOBS_STREAM_BYTES = 8_000_000
 
 
+# What AMQP clients accept in a queue name (pamqp: ``[a-zA-Z0-9-_.:@#,/+ ]``), less ``.``
+# (it separates the prefix, the job and the run) and ``+`` (it starts an escape).
 _PLAIN = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:@#,/ "
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_:@#,/ "
 )
+#: Starts the token of a job whose escaped name is too long: ``+H`` and a SHA-256 prefix
+#: (no escape is ``+H``: escapes are ``+`` and two hex digits).
+_HASHED = "+H"
 
 
 def queue_token(job: str) -> str:
-    """Escape a job name into the characters AMQP clients accept in queue names.
+    """Escape a job name into one token of a queue name.
 
-    Letters, digits and ``-_.:@#,/`` and space stay; every other byte of the UTF-8 name
-    becomes ``+XX`` (two upper-case hex digits): ``"bericht-ü"`` → ``"bericht-+C3+BC"``.
+    Letters, digits, ``-_:@#,/`` and space stay; every other byte of the UTF-8 name
+    (``.`` and ``+`` included) becomes ``+XX`` (two upper-case hex digits):
+    ``"bericht-ü"`` → ``"bericht-+C3+BC"``, ``"eu.sync"`` → ``"eu+2Esync"``. The token
+    holds no ``.``, so with a prefix ending in ``.`` no two namespaces share a queue.
     """
     out = []
     for char in job:
@@ -110,16 +137,30 @@ def queue_token(job: str) -> str:
     return "".join(out)
 
 
+def _classify(exc: BaseException) -> Kind:
+    """RabbitMQ's error table.
+
+    A connection or channel that closed or could not be opened is transient; a refused
+    login or permission, a missing queue or one with other arguments, and any other AMQP
+    error are the store's. Anything else is not a store error.
+    """
+    if isinstance(exc, ProbableAuthenticationError | ChannelAccessRefused |
+                  ChannelNotFoundEntity | ChannelPreconditionFailed):
+        return STORE
+    if isinstance(exc, AMQPConnectionError | ConnectionClosed | ChannelClosed |
+                  ChannelInvalidStateError):
+        return TRANSIENT
+    if isinstance(exc, AMQPError):
+        return STORE
+    return None
+
+
 @dataclass
 class _Won:
     runner: str
     at_ms: int
     stream_args: dict[str, Any]
 
-
-def scrub(text: str) -> str:
-    """Mask ``user:password@`` in any URL inside ``text`` (driver error messages)."""
-    return _CREDENTIALS.sub(r"//\1:***@", text)
 
 
 def _alive(conn: AbstractConnection) -> bool:
@@ -131,9 +172,6 @@ def _alive(conn: AbstractConnection) -> bool:
     amqp = getattr(getattr(conn, "transport", None), "connection", None)
     return not conn.is_closed and amqp is not None and not amqp.is_closed
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class RabbitMQBackend(ClaimOnlyBackend):
@@ -148,13 +186,22 @@ class RabbitMQBackend(ClaimOnlyBackend):
     :param timeout_s: how long a connect, declaration or publisher confirm may take.
     :param channels: channels claims are spread over (default 4): a channel waits for
         one queue declaration at a time, so several let concurrent claims overlap.
+    :param read_only: read history only: declare and publish nothing (every write raises
+        :class:`~anarchon_core.errors.ReadOnlyError`).
     """
 
     def __init__(
         self, url: str | AbstractConnection = DEFAULT_URL, *, prefix: str = "cron.",
         run_expires_ms: int = 600_000, timeout_s: float = 10.0, channels: int = 4,
+        read_only: bool = False,
     ) -> None:
+        self.read_only = parse_flag("read_only", read_only)
         self.prefix = validate_prefix(prefix)
+        if not self.prefix.endswith("."):
+            # Job tokens hold no '.', so a prefix ending in '.' marks where the namespace
+            # ends: prefix "P." with job "eu.sync" and "P.eu." with "sync" never meet.
+            raise ConfigError(f"invalid prefix {self.prefix!r}: a RabbitMQ prefix must end "
+                              f"with '.' (e.g. {self.prefix + '.'!r})")
         if self.prefix.lower().startswith("amq."):
             raise ConfigError(f"invalid prefix {prefix!r}: names starting 'amq.' are "
                               "reserved by RabbitMQ")
@@ -163,9 +210,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
             raise ConfigError(f"invalid run_expires_ms {run_expires_ms!r}: expected an int "
                               "≥ 10000")
         if isinstance(url, str):
-            if not url.lower().startswith(("amqp://", "amqps://")):
-                raise ConfigError(f"invalid RabbitMQ URL {mask_url(url)!r}: expected "
-                                  "amqp://user:password@host:port/vhost")
+            check_amqp_url(url)  # ConfigError with the URL masked
             self._url: str | None = url
             self._given: AbstractConnection | None = None
         elif isinstance(url, AbstractConnection):
@@ -178,6 +223,8 @@ class RabbitMQBackend(ClaimOnlyBackend):
             raise ConfigError(f"invalid channels {channels!r}: expected an int from 1 to 64")
         self.run_expires_ms = run_expires_ms
         self.timeout_s = timeout_s
+        self._heartbeat_s: int | None = None
+        self._errors = StoreErrors(self.describe, _classify)
         self._conn: AbstractConnection | None = None
         self._channels: list[AbstractChannel | None] = [None] * channels
         self._next_channel = 0
@@ -196,7 +243,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
     def from_url(cls, url: str, **options: Any) -> RabbitMQBackend:
         """``amqp://user:pass@host:5672/vhost?prefix=billing.cron.`` (``prefix`` optional)."""
         rest, params = split_namespace_params(url)
-        unknown = sorted(set(params) - {"prefix"})
+        unknown = sorted(set(params) - {"prefix", "read_only"})
         if unknown:
             raise ConfigError(f"invalid RabbitMQ URL {mask_url(url)!r}: unknown parameter "
                               f"{unknown[0]!r}")
@@ -213,7 +260,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
         name = f"{self.prefix}{queue_token(job)}.{suffix}"
         if len(name.encode()) > MAX_QUEUE_NAME:
             digest = hashlib.sha256(job.encode()).hexdigest()[:40]
-            name = f"{self.prefix}~{digest}.{suffix}"
+            name = f"{self.prefix}{_HASHED}{digest}.{suffix}"
         return name
 
     def run_queue(self, job: str, slot: int, manual: bool = False) -> str:
@@ -223,6 +270,11 @@ class RabbitMQBackend(ClaimOnlyBackend):
     def history_stream(self, job: str) -> str:
         """Return the stream queue holding ``job``'s claim and result records."""
         return self._name(job, "history")
+
+    @property
+    def jobs_stream(self) -> str:
+        """The stream recording the namespace's job names (AMQP cannot list queues)."""
+        return f"{self.prefix}jobs"
 
     @property
     def format_queue(self) -> str:
@@ -238,17 +290,40 @@ class RabbitMQBackend(ClaimOnlyBackend):
         if conn is not None and _alive(conn):
             return conn
         async with self._conn_lock:
-            if self._conn is None or not _alive(self._conn):
+            current = self._conn
+            if current is None or not _alive(current):
                 assert self._url is not None
                 self._streams.clear()
                 self._channels = [None] * len(self._channels)
-                try:
-                    self._conn = await asyncio.wait_for(aio_pika.connect(self._url),
-                                                        self.timeout_s)
-                except Exception as exc:  # noqa: BLE001 - re-raised as StoreError, URL masked
-                    raise StoreError(f"cannot connect to RabbitMQ at {mask_url(self._url)}: "
-                                     f"{type(exc).__name__}: {scrub(str(exc))}") from None
-            return self._conn
+                # Errors are classified by the caller's guard (URL masked there).
+                opened = await asyncio.wait_for(
+                    aio_pika.connect(self._url, timeout=self.timeout_s,
+                                     **self._connect_options()),
+                    self.timeout_s)
+                self._conn = current = opened
+            return current
+
+    def _connect_options(self) -> dict[str, Any]:
+        query = self._url.partition("?")[2] if self._url else ""
+        given = {part.split("=", 1)[0] for part in query.split("&") if part}
+        options: dict[str, Any] = {}
+        if self._heartbeat_s is not None and "heartbeat" not in given:
+            options["heartbeat"] = self._heartbeat_s
+        return options
+
+    def tune_timeouts(self, lease_ms: int) -> None:
+        """Fit the connection anarchon opens to ``lease_ms`` (the shortest lease wins).
+
+        AMQP heartbeats every quarter lease (1 s to 60 s; a ``heartbeat`` in the URL wins),
+        so a dead connection is noticed within the lease, and connect, declaration and
+        publisher-confirm timeouts of at most half the lease (never above ``timeout_s``).
+        A connection you passed in is left as it is.
+        """
+        lease_s = lease_ms / 1000
+        heartbeat = int(min(60, max(1, lease_s // 4)))
+        self._heartbeat_s = heartbeat if self._heartbeat_s is None else \
+            min(self._heartbeat_s, heartbeat)
+        self.timeout_s = min(self.timeout_s, max(1.0, lease_s / 2))
 
     async def _confirm_channel(self) -> AbstractChannel:
         """Return the next channel of the pool (publisher confirms on), opening it if needed."""
@@ -292,13 +367,28 @@ class RabbitMQBackend(ClaimOnlyBackend):
         If this fails, the connection it opened is closed again.
         """
         try:
-            await self._check_format()
+            with self._errors.guard("start"):
+                await self._check_format()
         except BaseException:
             await self.stop()
             raise
 
     async def _check_format(self) -> None:
         conn = await self._connection()
+        if self.read_only:
+            channel = await conn.channel()
+            try:
+                await channel.declare_queue(self.format_queue, passive=True,
+                                            timeout=self.timeout_s)
+            except ChannelNotFoundEntity:
+                raise StoreError(
+                    f"{self.describe()}: there is no queue {self.format_queue!r}, so the "
+                    "store was never set up (or the prefix is wrong); start a backend "
+                    "without read_only=True on it first"
+                ) from None
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
         channel = await conn.channel()
         try:
             await channel.declare_queue(
@@ -344,18 +434,27 @@ class RabbitMQBackend(ClaimOnlyBackend):
 
     async def clock_ms(self) -> int:
         """Return the local clock: RabbitMQ gives clients no time of its own."""
-        return _now_ms()
+        return local_now_ms()
 
     # ------------------------------------------------------------------ claims
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """``won`` for the first claimant of the run, ``taken`` for every other.
 
+        See :meth:`_claim`; store failures raise StoreUnavailable or StoreError.
+        """
+        refuse_write(self, "claim")
+        with self._errors.guard("claim"):
+            return await self._claim(request)
+
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
+        """``won`` for the first claimant of the run, ``taken`` for every other.
+
         A won claim older than ``max_late_ms`` (by this machine's clock) is recorded
         ``skipped`` and answers ``late``. A claim so late that its run's queue may have
         expired answers ``late`` without touching the store.
         """
-        now = _now_ms()
+        now = local_now_ms()
         late = request.max_late_ms is not None and now > request.slot + request.max_late_ms
         if late and now - request.slot > self.run_expires_ms // 2:
             return ClaimResult(ClaimOutcome.LATE, 1)
@@ -369,7 +468,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
                 from None
         except DeliveryError:
             return ClaimResult(ClaimOutcome.TAKEN, 1)
-        stream_args = self._stream_arguments(request)
+        stream_args = self._stream_arguments()
         self._stream_args.setdefault(request.job, stream_args)
         try:
             await self._append(request.job, record)
@@ -387,16 +486,24 @@ class RabbitMQBackend(ClaimOnlyBackend):
 
     async def finish(self, ref: RunRef, status: str, error: str | None = None,
                      meta: Mapping[str, str] | None = None) -> bool:
+        """Append the run's result record (see :meth:`_finish`)."""
+        refuse_write(self, "finish")
+        with self._errors.guard("finish"):
+            return await self._finish(ref, status, error, meta)
+
+    async def _finish(self, ref: RunRef, status: str, error: str | None = None,
+                      meta: Mapping[str, str] | None = None) -> bool:
         """Append the run's result record; False if this backend did not win ``ref``.
 
         Only the backend object that won a run can finish it (it remembers the runner
         and start time), and only once.
         """
+        stored_meta = dump_meta(meta)
         won = self._won.pop(ref.token, None)
         if won is None:
             return False
         record = result_record(ref, status=status, error=error, runner=won.runner,
-                               started_ms=won.at_ms, at_ms=_now_ms())
+                               started_ms=won.at_ms, at_ms=local_now_ms(), meta=stored_meta)
         try:
             await self._append(ref.job, record, won.stream_args)
         except BaseException:
@@ -406,14 +513,15 @@ class RabbitMQBackend(ClaimOnlyBackend):
 
     # ------------------------------------------------------------------ history
 
-    def _stream_arguments(self, request: ClaimRequest) -> dict[str, Any]:
-        max_bytes = max(_MIN_HISTORY_BYTES, request.history_size * _BYTES_PER_RUN)
+    def _stream_arguments(self) -> dict[str, Any]:
+        keep = self.retention
+        max_bytes = max(_MIN_HISTORY_BYTES, keep.history_size * _BYTES_PER_RUN)
         arguments: dict[str, Any] = {
             "x-queue-type": "stream", "x-max-length-bytes": max_bytes,
             "x-stream-max-segment-size-bytes": max(max_bytes // 8, 8_000),
         }
-        if request.history_ttl_ms is not None:
-            arguments["x-max-age"] = f"{max(1, request.history_ttl_ms // 1000)}s"
+        if keep.history_ttl_ms is not None:
+            arguments["x-max-age"] = f"{max(1, keep.history_ttl_ms // 1000)}s"
         return arguments
 
     async def _append(self, job: str, record: dict[str, str],
@@ -426,18 +534,42 @@ class RabbitMQBackend(ClaimOnlyBackend):
             lock = self._stream_locks.setdefault(name, asyncio.Lock())
             async with lock:
                 if name not in self._streams:
-                    args = arguments or self._stream_args.get(job) or self._stream_arguments(
-                        ClaimRequest(job=job, slot=0, token="", runner=""))
+                    args = arguments or self._stream_args.get(job) or \
+                        self._stream_arguments()
                     await self._declare(name, args)
+                    await self._register_job(job)
                     self._streams.add(name)
         await self._publish(name, encode_json(record))
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
+        """Runs of ``job``, newest first (see :meth:`_history`)."""
+        with self._errors.guard("history read"):
+            return await self._history(job, limit)
+
+    async def _history(self, job: str, limit: int = 20) -> list[Run]:
         """Return runs of ``job``, newest first: one entry per run (one attempt each).
 
         A run whose runner died reads ``running`` for as long as the stream keeps it.
         """
-        name = self.history_stream(job)
+        return (await self._job_runs(job))[:limit]
+
+    async def _register_job(self, job: str) -> None:
+        """Record ``job`` in the namespace's jobs stream (once per stream and process)."""
+        if self.jobs_stream not in self._streams:
+            await self._declare(self.jobs_stream, {
+                "x-queue-type": "stream", "x-max-length-bytes": _JOBS_STREAM_BYTES,
+                "x-stream-max-segment-size-bytes": _JOBS_STREAM_BYTES // 8,
+            })
+            self._streams.add(self.jobs_stream)
+        await self._publish(self.jobs_stream,
+                            encode_json({"v": "1", "kind": "job", "job": job}))
+
+    async def _read_stream(self, name: str, job: str = "") -> list[dict[str, str]] | None:
+        """Every record of the stream ``name`` (None if it does not exist).
+
+        Writers append a marker and read up to it; a read-only backend reads until the
+        stream goes quiet (see the module docstring).
+        """
         conn = await self._connection()
         channel = await conn.channel(publisher_confirms=True)
         try:
@@ -445,28 +577,64 @@ class RabbitMQBackend(ClaimOnlyBackend):
                 queue = await channel.declare_queue(name, passive=True,
                                                     timeout=self.timeout_s)
             except ChannelNotFoundEntity:
-                return []
+                return None
+            if self.read_only:
+                return await self._read_until(channel, queue, None, job)
             marker = uuid.uuid4().hex
             await channel.default_exchange.publish(
                 aio_pika.Message(encode_json({"v": "1", "kind": "mark", "id": marker})),
                 routing_key=name, timeout=self.timeout_s)
-            items = await self._read_until(channel, queue, marker)
+            return await self._read_until(channel, queue, marker, job)
         finally:
             if not channel.is_closed:
                 await channel.close()
-        return runs_from_records(parse_many(items), limit)
+
+    async def _job_runs(self, job: str) -> list[Run]:
+        name = self.history_stream(job)
+        items = await self._read_stream(name, job)
+        return runs_from_records(parse_many(items or [], key=name, job=job))
+
+    async def _recorded_jobs(self) -> list[str]:
+        items = await self._read_stream(self.jobs_stream) or []
+        return sorted({i["job"] for i in items if i.get("kind") == "job" and "job" in i})
+
+    async def job_names(self) -> dict[str, Run | None]:
+        """The jobs recorded in ``<prefix>jobs``, each with its newest run (or None)."""
+        with self._errors.guard("job list read"):
+            names = await self._recorded_jobs()
+            newest = await asyncio.gather(*(self._job_runs(job) for job in names))
+        return {job: (runs[0] if runs else None)
+                for job, runs in zip(names, newest, strict=True)}
+
+    async def runs(self, query: HistoryQuery) -> RunPage:
+        """One page of history across the namespace's jobs (each stream read once)."""
+        cache: dict[str, list[Run]] = {}
+
+        async def read(job: str, n: int) -> tuple[list[Run], bool]:
+            if job not in cache:
+                cache[job] = await self._job_runs(job)
+            return cache[job], True
+
+        with self._errors.guard("history read"):
+            names = [query.job] if query.job is not None else await self._recorded_jobs()
+            await asyncio.gather(*(read(job, 0) for job in names))
+            return await page_jobs(names, read, query)
 
     async def _read_until(self, channel: AbstractChannel, queue: aio_pika.abc.AbstractQueue,
-                          marker: str) -> list[dict[str, str]]:
+                          marker: str | None, job: str = "") -> list[dict[str, str]]:
+        """Read from the stream's start up to ``marker`` (without one: until it is quiet)."""
         items: list[dict[str, str]] = []
         done = asyncio.Event()
+        delivered = asyncio.Event()
 
         async def on_message(message: AbstractIncomingMessage) -> None:
+            delivered.set()
             await message.ack()
             try:
                 fields = decode_json(message.body)
             except StoreError as exc:
-                log.warning("skipping a message in %s: %s", queue.name, exc)
+                corrupt_records.report(queue.name, job, message.body.decode("utf-8", "replace"),
+                                       str(exc))
                 return
             if fields.get("kind") == "mark":
                 if fields.get("id") == marker:
@@ -477,11 +645,24 @@ class RabbitMQBackend(ClaimOnlyBackend):
         await channel.set_qos(prefetch_count=500)
         tag = await queue.consume(on_message, arguments={"x-stream-offset": "first"})
         try:
-            await asyncio.wait_for(done.wait(), self.timeout_s)
+            if marker is not None:
+                await asyncio.wait_for(done.wait(), self.timeout_s)
+            else:
+                await asyncio.wait_for(self._until_quiet(delivered), self.timeout_s)
         except asyncio.TimeoutError:
-            raise StoreError(f"reading {queue.name} took longer than {self.timeout_s}s") \
+            raise StoreUnavailable(f"reading {queue.name} took longer than {self.timeout_s}s") \
                 from None
         finally:
             with contextlib.suppress(Exception):
                 await queue.cancel(tag)
         return items
+
+    @staticmethod
+    async def _until_quiet(delivered: asyncio.Event) -> None:
+        """Return once nothing was delivered for :data:`READ_ONLY_QUIET_S`."""
+        while True:
+            delivered.clear()
+            try:
+                await asyncio.wait_for(delivered.wait(), READ_ONLY_QUIET_S)
+            except asyncio.TimeoutError:
+                return

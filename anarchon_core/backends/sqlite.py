@@ -8,6 +8,9 @@ blocks on the file.
 
 The store clock is the machine's clock (SQLite's ``julianday('now')``), shared by every
 process on the machine, so leases stay correct across processes.
+
+With ``read_only=True`` the file is opened read-only (``mode=ro``): nothing is created,
+upgraded or written, and a file or table that does not exist is a :class:`StoreError`.
 """
 
 from __future__ import annotations
@@ -15,23 +18,55 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..backend import FORMAT_VERSION, Backend
+from ..backend import Backend
 from ..decision import HANDED_OVER
-from ..errors import ConfigError
-from ..models import ClaimRequest, ClaimResult, Run, RunRef
-from ..naming import validate_table
-from ..url import split_namespace_params
-from .sqlstore import ClaimSteps, SqlQueries, check_format, claim_steps, ref_params, rows_to_runs
+from ..errors import ConfigError, StoreError
+from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
+from ..readmodel import dump_meta
+from ..schema import sql_names, sql_schema, sql_upgrade
+from ..url import mask_url, split_namespace_params
+from .common import parse_flag, refuse_write
+from .sqlstore import (
+    SqlQueries,
+    Step,
+    check_format,
+    claim_steps,
+    expired_steps,
+    history_steps,
+    job_names_steps,
+    ref_params,
+    runs_steps,
+)
+from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 __all__ = ["SqliteBackend"]
 
 T = TypeVar("T")
 _NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+#: The shortest lock wait a lease can shrink the busy timeout to.
+_MIN_BUSY_MS = 1_000
+
+
+def _classify(exc: BaseException) -> Kind:
+    """SQLite's error table.
+
+    A busy or locked database is transient (another process held the write lock longer
+    than the busy timeout); other database errors, and a value the file cannot hold, are
+    the store's; misuse of the driver is not a store error.
+    """
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return TRANSIENT if "locked" in text or "busy" in text else STORE
+    if isinstance(exc, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+        return None
+    if isinstance(exc, sqlite3.Error | OverflowError):
+        return STORE
+    return None
 
 
 class SqliteBackend(Backend):
@@ -41,59 +76,118 @@ class SqliteBackend(Backend):
     :param table: the runs table, default ``"anarchon_runs"`` (its namespace); a
         ``<table>_meta`` table beside it holds the format record.
     :param busy_timeout_ms: how long a writer waits for another process's lock.
+    :param read_only: open the file read-only: read history, create and write nothing
+        (every write raises :class:`~anarchon_core.errors.ReadOnlyError`).
     """
 
     def __init__(
         self, path: str | Path = "anarchon.db", *, table: str = "anarchon_runs",
-        busy_timeout_ms: int = 30_000,
+        busy_timeout_ms: int = 30_000, read_only: bool = False,
     ) -> None:
         if not isinstance(path, str | Path) or not str(path):
             raise ConfigError(f"invalid SQLite path {path!r}: expected a file path")
-        (name,) = validate_table(table, allow_schema=False)
+        self._names = sql_names("sqlite", table)
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or \
                 busy_timeout_ms < 0:
             raise ConfigError(f"invalid busy_timeout_ms {busy_timeout_ms!r}: expected an int ≥ 0")
         self.path = str(path)
-        self.table = name
+        self.table = table
         self.busy_timeout_ms = busy_timeout_ms
-        self._queries = SqlQueries.render(
-            runs=f'"{name}"', meta=f'"{name}_meta"', live_index=f'"{name}_live"',
-            now=_NOW_MS, bigint="INTEGER", placeholder=":{}",
-            # BEGIN IMMEDIATE already holds the database's write lock.
-            lock_job="SELECT :lock_key",
-        )
+        self._lease_ms: int | None = None
+        self._errors = StoreErrors(self.describe, _classify)
+        self.read_only = parse_flag("read_only", read_only)
+        self._queries = self._render(has_meta=True)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
 
+    def _render(self, *, has_meta: bool) -> SqlQueries:
+        return SqlQueries.render(
+            runs=self._names.runs, meta=self._names.meta, now=_NOW_MS, placeholder=":{}",
+            # BEGIN IMMEDIATE already holds the database's write lock.
+            lock_job="SELECT :lock_key", has_meta=has_meta,
+        )
+
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SqliteBackend:
-        """``sqlite:///relative.db`` or ``sqlite:////absolute.db``; ``?table=`` allowed."""
-        _, params = split_namespace_params(url)
-        unknown = sorted(set(params) - {"table"})
+        """``sqlite:///relative.db`` or ``sqlite:////absolute.db``.
+
+        ``?table=`` and ``?read_only=true`` are allowed; keyword ``options`` override them.
+        """
+        rest, params = split_namespace_params(url)
+        unknown = sorted(set(params) - {"table", "read_only"})
+        if "?" in rest:  # SQLite takes no other parameter
+            unknown.append(rest.split("?", 1)[1].split("=", 1)[0])
         if unknown:
-            raise ConfigError(f"invalid SQLite URL {url!r}: unknown parameter {unknown[0]!r}")
+            raise ConfigError(f"invalid SQLite URL {mask_url(url)!r}: unknown parameter "
+                              f"{unknown[0]!r}")
         return cls(_sqlite_path(url), **{**params, **options})
 
     def describe(self) -> str:
         """E.g. ``SqliteBackend(path='cron.db', table='anarchon_runs')``."""
         return f"SqliteBackend(path={self.path!r}, table={self.table!r})"
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def tune_timeouts(self, lease_ms: int) -> None:
+        """Wait at most half the lease (at least 1 s) for another process's write lock.
+
+        A claim or heartbeat that waited longer could no longer save its lease; it fails
+        with :class:`~anarchon_core.errors.StoreUnavailable` and the scheduler retries.
+        The shortest lease wins; ``busy_timeout_ms`` stays the upper bound.
+        """
+        self._lease_ms = lease_ms if self._lease_ms is None else min(self._lease_ms, lease_ms)
+        if self._conn is not None and self._executor is not None:
+            busy = self._busy_ms
+            self._executor.submit(self._set_busy, busy)
+
+    def _set_busy(self, busy_ms: int) -> None:
+        if self._conn is not None:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+
+    @property
+    def _busy_ms(self) -> int:
+        if self._lease_ms is None:
+            return self.busy_timeout_ms
+        return min(self.busy_timeout_ms, max(_MIN_BUSY_MS, self._lease_ms // 2))
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], what: str = "call") -> T:
         if self._executor is None:
             await self.start()
         assert self._executor is not None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._with_conn, fn)
+        with self._errors.guard(what):
+            return await loop.run_in_executor(self._executor, self._with_conn, fn)
 
     def _with_conn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000,
-                                   isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            _switch_to_wal(conn, self.busy_timeout_ms)
-            conn.execute("PRAGMA synchronous = NORMAL")
+            folder = Path(self.path).resolve().parent
+            if not folder.is_dir():
+                raise StoreError(f"{self.describe()}: cannot open {self.path!r}: the folder "
+                                 f"{str(folder)!r} does not exist")
+            if self.read_only:
+                conn = self._open_read_only()
+            else:
+                busy = self._busy_ms
+                conn = sqlite3.connect(self.path, timeout=busy / 1000, isolation_level=None)
+                try:
+                    conn.execute(f"PRAGMA busy_timeout = {int(busy)}")
+                    _switch_to_wal(conn, busy)
+                    conn.execute("PRAGMA synchronous = NORMAL")
+                except BaseException:
+                    conn.close()
+                    raise
             self._conn = conn
         return fn(self._conn)
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        if not Path(self.path).is_file():
+            raise StoreError(
+                f"{self.describe()}: the file does not exist, so the store was never set up; "
+                "start a backend without read_only=True on it first"
+            )
+        uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout_ms / 1000,
+                               isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        return conn
 
     def _transaction(self, conn: sqlite3.Connection, body: Callable[[], T]) -> T:
         conn.execute("BEGIN IMMEDIATE")
@@ -113,13 +207,34 @@ class SqliteBackend(Backend):
 
         def setup(conn: sqlite3.Connection) -> None:
             def body() -> None:
-                for name in ("create_runs", "create_live_index", "create_meta"):
-                    conn.execute(q[name])
-                conn.execute(q["insert_format"], {"format": str(FORMAT_VERSION)})
+                for statement in sql_schema("sqlite", self.table):
+                    conn.execute(statement)
+                if "meta" not in self._columns(conn):
+                    for statement in sql_upgrade("sqlite", self.table, ("meta",)):
+                        conn.execute(statement)
                 check_format(conn.execute(q["read_format"]).fetchall())
             self._transaction(conn, body)
 
-        await self._call(setup)
+        def check(conn: sqlite3.Connection) -> None:
+            columns = self._columns(conn)
+            found = {row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)",
+                (self.table, f"{self.table}_meta"))}
+            if self.table not in found:
+                raise StoreError(
+                    f"{self.describe()}: table {self.table!r} does not exist, so the store "
+                    "was never set up (or the table name is wrong); start a backend without "
+                    "read_only=True on it first"
+                )
+            if f"{self.table}_meta" in found:
+                check_format(conn.execute(q["read_format"]).fetchall())
+            if "meta" not in columns:
+                self._queries = self._render(has_meta=False)
+
+        await self._call(check if self.read_only else setup)
+
+    def _columns(self, conn: sqlite3.Connection) -> set[str]:
+        return {row[1] for row in conn.execute(f"PRAGMA table_info({self._names.runs})")}
 
     async def stop(self) -> None:
         """Close the connection and its thread."""
@@ -135,7 +250,7 @@ class SqliteBackend(Backend):
         await asyncio.get_running_loop().run_in_executor(executor, close)
         executor.shutdown(wait=True)
 
-    def _drive(self, conn: sqlite3.Connection, steps: ClaimSteps) -> ClaimResult:
+    def _drive(self, conn: sqlite3.Connection, steps: Generator[Step, Any, T]) -> T:
         reply: Any = None
         try:
             while True:
@@ -143,8 +258,18 @@ class SqliteBackend(Backend):
                 cursor = conn.execute(self._queries[step.query], step.params)
                 reply = cursor.fetchall() if step.rows else cursor.rowcount
         except StopIteration as done:
-            result: ClaimResult = done.value
+            result: T = done.value
             return result
+
+    async def _read(self, steps: Callable[[], Generator[Step, Any, T]]) -> T:
+        """Run read steps in one (deferred) transaction: one snapshot of the file."""
+        def read(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN")
+            try:
+                return self._drive(conn, steps())
+            finally:
+                conn.execute("COMMIT")
+        return await self._call(read)
 
     async def clock_ms(self) -> int:
         """The machine clock as SQLite reads it."""
@@ -153,11 +278,15 @@ class SqliteBackend(Backend):
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """Apply the lease decision table in one ``BEGIN IMMEDIATE`` transaction."""
+        refuse_write(self, "claim")
         return await self._call(
-            lambda c: self._transaction(c, lambda: self._drive(c, claim_steps(request)))
+            lambda c: self._transaction(
+                c, lambda: self._drive(c, claim_steps(request, self.retention)))
         )
 
     async def _update(self, query: str, params: dict[str, Any]) -> bool:
+        refuse_write(self, query)
+
         def run(conn: sqlite3.Connection) -> bool:
             return conn.execute(self._queries[query], params).rowcount == 1
         return await self._call(run)
@@ -170,7 +299,7 @@ class SqliteBackend(Backend):
                      meta: Mapping[str, str] | None = None) -> bool:
         """Record the end of the attempt if ``ref`` is still the current attempt."""
         return await self._update("finish", {**ref_params(ref), "status": status,
-                                             "error": error})
+                                             "error": error, "meta": dump_meta(meta)})
 
     async def release(self, ref: RunRef) -> bool:
         """Expire the lease now so a backup takes over at once."""
@@ -178,11 +307,22 @@ class SqliteBackend(Backend):
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first."""
-        rows = await self._call(
-            lambda c: c.execute(self._queries["history"], {"job": job, "limit": limit})
-            .fetchall()
-        )
-        return rows_to_runs(rows)
+        return await self._read(lambda: history_steps(job, limit))
+
+    async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
+        """Runs of ``job`` still running whose lease expired (at most ``limit``).
+
+        One query on the partial index of running rows.
+        """
+        return await self._read(lambda: expired_steps(job, limit))
+
+    async def runs(self, query: HistoryQuery) -> RunPage:
+        """One page of the table's history, newest first (keyset pagination)."""
+        return await self._read(lambda: runs_steps(query))
+
+    async def job_names(self) -> dict[str, Run | None]:
+        """Every job in the table with its newest attempt."""
+        return await self._read(job_names_steps)
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout_ms: int) -> None:

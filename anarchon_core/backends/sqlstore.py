@@ -9,50 +9,50 @@ itself comes from :func:`anarchon_core.decision.decide`.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backend import FORMAT_VERSION
+from ..backend import Retention
 from ..decision import Action, RunState, decide, needs_overlap_check
-from ..errors import StoreFormatError
-from ..models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ..errors import StoreError
+from ..models import (
+    FINISHED_STATUSES,
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimResult,
+    ExpiredRun,
+    HistoryQuery,
+    Run,
+    RunPage,
+    RunRef,
+)
+from ..readmodel import STATUS_SQL, finish_page, load_meta, read_status, validate_query
 from ..schedules import ms_to_datetime
+from .common import check_format_value
+from .storeerrors import CorruptRecords
 
-__all__ = ["SqlQueries", "Step", "check_format", "claim_steps", "rows_to_runs"]
+__all__ = ["SqlQueries", "Step", "check_format", "claim_steps", "expired_steps",
+           "job_names_steps", "rows_to_runs", "runs_steps"]
+
+log = logging.getLogger("anarchon.sql")
+#: Rows anarchon cannot read are reported once each, then skipped quietly.
+corrupt_records = CorruptRecords(log)
 
 #: A claim trims old history about once in this many won claims.
 TRIM_EVERY = 20
 
 # Templates: {runs} and {meta} are the quoted table names, {now} the dialect's expression
-# for the store clock in ms, {bigint} its 64-bit integer type, {lock_job} a statement that
-# serialises claims of one job until the transaction ends (``:lock_key`` names the job).
-# Parameters are :named.
+# for the store clock in ms, {lock_job} a statement that serialises claims of one job until
+# the transaction ends (``:lock_key`` names the job), {meta_col} the meta column (NULL for
+# a table without it) and {set_meta} its assignment in ``finish``. Parameters are :named.
+# The tables themselves are created by :func:`anarchon_core.schema.sql_schema`.
+_COLUMNS = ("job, slot, attempt, status, runner, started_at, finished_at, error, manual, "
+            "lease_until, {meta_col}")
 _TEMPLATES: dict[str, str] = {
-    "create_runs": """
-        CREATE TABLE IF NOT EXISTS {runs} (
-            job TEXT NOT NULL,
-            slot {bigint} NOT NULL,
-            manual INTEGER NOT NULL,
-            attempt INTEGER NOT NULL,
-            token TEXT NOT NULL,
-            status TEXT NOT NULL,
-            runner TEXT NOT NULL,
-            lease_until {bigint},
-            started_at {bigint},
-            finished_at {bigint},
-            error TEXT,
-            PRIMARY KEY (job, slot, manual, attempt)
-        )""",
-    "create_live_index": """
-        CREATE INDEX IF NOT EXISTS {live_index} ON {runs} (job, lease_until)
-        WHERE status = 'running'""",
-    "create_meta": """
-        CREATE TABLE IF NOT EXISTS {meta} (name TEXT PRIMARY KEY, value TEXT NOT NULL)""",
-    "insert_format": """
-        INSERT INTO {meta} (name, value) VALUES ('format', :format) ON CONFLICT DO NOTHING""",
     "read_format": "SELECT value FROM {meta} WHERE name = 'format'",
     "now": "SELECT {now}",
     "lock_job": "{lock_job}",
@@ -81,18 +81,27 @@ _TEMPLATES: dict[str, str] = {
           AND token = :token AND status = 'running'""",
     "finish": """
         UPDATE {runs} SET status = :status, error = :error, finished_at = {now},
-                          lease_until = NULL
+                          lease_until = NULL{set_meta}
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token AND status = 'running'""",
     "release": """
         UPDATE {runs} SET lease_until = {now}, error = :handed_over
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token AND status = 'running'""",
-    "history": """
-        SELECT job, slot, attempt, status, runner, started_at, finished_at, error, manual,
-               lease_until, {now}
-        FROM {runs} WHERE job = :job
+    "history": f"""
+        SELECT {_COLUMNS}
+        FROM {{runs}} WHERE job = :job
         ORDER BY slot DESC, manual DESC, attempt DESC LIMIT :limit""",
+    "job_names": f"""
+        SELECT {_COLUMNS} FROM (
+            SELECT r.*, ROW_NUMBER() OVER (
+                PARTITION BY job ORDER BY slot DESC, manual DESC, attempt DESC) AS newest
+            FROM {{runs}} r) ranked
+        WHERE newest = 1 ORDER BY job""",
+    "expired": """
+        SELECT slot, attempt, manual FROM {runs}
+        WHERE job = :job AND status = 'running' AND lease_until <= :now
+        ORDER BY lease_until LIMIT :limit""",
     "trim_cutoff": """
         SELECT slot FROM {runs} WHERE job = :job AND attempt = 1
         ORDER BY slot DESC LIMIT 1 OFFSET :keep_runs""",
@@ -100,6 +109,28 @@ _TEMPLATES: dict[str, str] = {
         DELETE FROM {runs}
         WHERE job = :job AND slot <= :cutoff AND slot < :keep_after AND status <> 'running'""",
 }
+
+
+# ``runs``: one query per combination of filters (``runs_<flags>``, see runs_query_name).
+_RUNS_FILTERS = (
+    ("j", "job = :job"),
+    ("s", STATUS_SQL.format(now=":now") + " = :status"),
+    ("r", "runner = :runner"),
+    ("c", "(slot, job, manual, attempt) < (:c_slot, :c_job, :c_manual, :c_attempt)"),
+)
+for _mask in range(1 << len(_RUNS_FILTERS)):
+    _used = [f for i, f in enumerate(_RUNS_FILTERS) if _mask >> i & 1]
+    _where = " AND ".join(cond for _, cond in _used) or "1 = 1"
+    _TEMPLATES["runs_" + "".join(flag for flag, _ in _used)] = (
+        f"SELECT {_COLUMNS} FROM {{runs}} WHERE {_where} "
+        "ORDER BY slot DESC, job DESC, manual DESC, attempt DESC LIMIT :limit"
+    )
+
+
+def runs_query_name(query: HistoryQuery, cursor: bool) -> str:
+    """The name of the ``runs`` query for these filters."""
+    flags = [query.job is not None, query.status is not None, query.runner is not None, cursor]
+    return "runs_" + "".join(f for (f, _), on in zip(_RUNS_FILTERS, flags, strict=True) if on)
 
 
 @dataclass(frozen=True)
@@ -110,15 +141,20 @@ class SqlQueries:
 
     @classmethod
     def render(
-        cls, *, runs: str, meta: str, live_index: str, now: str, bigint: str,
-        placeholder: str, lock_job: str,
+        cls, *, runs: str, meta: str, now: str, placeholder: str, lock_job: str,
+        has_meta: bool = True,
     ) -> SqlQueries:
-        """Fill the templates; ``placeholder`` is a format like ``"%({})s"`` or ``":{}"``."""
-        names = {"runs": runs, "meta": meta, "live_index": live_index, "now": now,
-                 "bigint": bigint, "lock_job": lock_job}
+        """Fill the templates; ``placeholder`` is a format like ``"%({})s"`` or ``":{}"``.
+
+        ``has_meta``: the table has the ``meta`` column (a table of an earlier release
+        that could not be upgraded reads meta as empty and does not store it).
+        """
+        names = {"runs": runs, "meta": meta, "now": now, "lock_job": lock_job,
+                 "meta_col": "meta" if has_meta else "NULL",
+                 "set_meta": ", meta = :meta" if has_meta else ""}
         out = {}
         for key, template in _TEMPLATES.items():
-            sql = template.format(**names)
+            sql = template.replace("{meta_col}", names["meta_col"]).format(**names)
             out[key] = re.sub(r"(?<!:):([a-z_]+)", lambda m: placeholder.format(m.group(1)), sql)
         return cls(out)
 
@@ -144,13 +180,13 @@ def ref_params(ref: RunRef) -> dict[str, Any]:
             "attempt": ref.attempt, "token": ref.token}
 
 
-def claim_steps(req: ClaimRequest) -> ClaimSteps:
+def claim_steps(req: ClaimRequest, retention: Retention) -> ClaimSteps:
     """The claim, as steps to run inside one transaction that serialises claims per job."""
     key = {"job": req.job, "slot": req.slot, "manual": int(req.manual)}
     yield Step("lock_job", {"lock_key": req.job})
     now = int((yield Step("now", {}))[0][0])
     rows = yield Step("current", key)
-    state = RunState(*rows[0]) if rows else None
+    state = _run_state(req, rows[0]) if rows else None
     other_live = False
     if needs_overlap_check(req, state):
         other_live = bool((yield Step("other_live", {**key, "now": now})))
@@ -166,7 +202,7 @@ def claim_steps(req: ClaimRequest) -> ClaimSteps:
             "lease_until": decision.lease_until_ms, "finished_at": None, "error": None,
         }, rows=False)
         if random.random() < 1 / TRIM_EVERY:
-            yield from trim_steps(req, now)
+            yield from trim_steps(req.job, retention, now)
     elif decision.action is Action.SKIP:
         yield Step("insert_attempt", {
             **key, "now": now, "attempt": 1, "token": req.token, "status": "skipped",
@@ -181,47 +217,110 @@ def claim_steps(req: ClaimRequest) -> ClaimSteps:
     return ClaimResult(decision.outcome, decision.attempt, token, decision.lease_until_ms)
 
 
-def trim_steps(req: ClaimRequest, now: int) -> Generator[Step, Any, None]:
-    """Drop finished runs beyond ``history_size`` and ``history_ttl_ms``.
+def _run_state(req: ClaimRequest, row: Any) -> RunState:
+    """The current attempt's row as a state; a corrupt row is reported and never taken over.
+
+    A row with an unknown status or unreadable numbers reads as status ``"corrupt"``,
+    which the decision table answers ``done`` without writing: the run is not started
+    (again), and the other runs of the job go on.
+    """
+    attempt, token, status, lease = row
+    try:
+        state = RunState(int(attempt), str(token), str(status),
+                         int(lease) if lease is not None else None)
+    except (TypeError, ValueError, OverflowError):
+        state = RunState(0, "", "corrupt", None)
+    if state.status not in FINISHED_STATUSES and state.status != "running":
+        corrupt_records.report("table row", req.job, f"slot {req.slot} attempt {attempt}",
+                               f"unknown status {status!r} or unreadable values; the run is "
+                               "left alone")
+        return RunState(state.attempt, state.token, "corrupt", None)
+    return state
+
+
+def expired_steps(job: str, limit: int) -> Generator[Step, Any, list[ExpiredRun]]:
+    """Runs of ``job`` still running whose lease expired by the store's clock (bounded)."""
+    now = int((yield Step("now", {}))[0][0])
+    rows = yield Step("expired", {"job": job, "now": now, "limit": max(0, limit)})
+    out = []
+    for slot, attempt, manual in rows:
+        try:
+            out.append(ExpiredRun(job, int(slot), int(attempt), bool(manual)))
+        except (TypeError, ValueError):
+            corrupt_records.report("table row", job, f"slot {slot!r} attempt {attempt!r}",
+                                   "unreadable slot or attempt")
+    return out
+
+
+def trim_steps(job: str, retention: Retention, now: int) -> Generator[Step, Any, None]:
+    """Drop finished runs beyond ``history_size`` and ``history_ttl_ms`` (the retention).
 
     Nothing newer than ``keep_ms`` (a late claim could still ask for it) and nothing
     running is ever dropped.
     """
-    keep_after = now - req.keep_ms
-    rows = yield Step("trim_cutoff", {"job": req.job, "keep_runs": req.history_size})
+    keep_after = now - retention.keep_ms
+    rows = yield Step("trim_cutoff", {"job": job, "keep_runs": retention.history_size})
     cutoffs = [int(rows[0][0])] if rows else []
-    if req.history_ttl_ms is not None:
-        cutoffs.append(now - req.history_ttl_ms)
+    if retention.history_ttl_ms is not None:
+        cutoffs.append(now - retention.history_ttl_ms)
     if cutoffs:
-        yield Step("trim_before", {"job": req.job, "cutoff": max(cutoffs),
+        yield Step("trim_before", {"job": job, "cutoff": max(cutoffs),
                                    "keep_after": keep_after}, rows=False)
 
 
 def check_format(rows: list[Any]) -> None:
     """Raise StoreFormatError if the format record is newer than this version reads."""
-    if not rows:
-        return
-    value = rows[0][0]
-    try:
-        found = int(value)
-    except (TypeError, ValueError):
-        raise StoreFormatError(value, FORMAT_VERSION) from None
-    if found > FORMAT_VERSION:
-        raise StoreFormatError(found, FORMAT_VERSION)
+    if rows:
+        check_format_value(rows[0][0])
 
 
-def rows_to_runs(rows: list[Any]) -> list[Run]:
-    """Turn ``history`` rows into runs; an expired running attempt reads ``interrupted``."""
+def history_steps(job: str, limit: int) -> Generator[Step, Any, list[Run]]:
+    """Read the newest ``limit`` attempts of ``job``."""
+    now = int((yield Step("now", {}))[0][0])
+    rows = yield Step("history", {"job": job, "limit": limit})
+    return rows_to_runs(rows, now)
+
+
+def runs_steps(query: HistoryQuery) -> Generator[Step, Any, RunPage]:
+    """Read one page of history (:meth:`Backend.runs`), filters and cursor in the query."""
+    below = validate_query(query)
+    now = int((yield Step("now", {}))[0][0])
+    params: dict[str, Any] = {"now": now, "limit": query.limit + 1, "job": query.job,
+                              "status": query.status, "runner": query.runner}
+    if below is not None:
+        params.update(c_slot=below[0], c_job=below[1], c_manual=below[2], c_attempt=below[3])
+    rows = yield Step(runs_query_name(query, below is not None), params)
+    return finish_page(rows_to_runs(rows, now), query.limit)
+
+
+def job_names_steps() -> Generator[Step, Any, dict[str, Run | None]]:
+    """Read every job of the table with its newest attempt."""
+    now = int((yield Step("now", {}))[0][0])
+    rows = yield Step("job_names", {})
+    return {run.job: run for run in rows_to_runs(rows, now)}
+
+
+def rows_to_runs(rows: list[Any], now: int) -> list[Run]:
+    """Turn rows of the history columns into runs (read by the shared status rule)."""
     runs = []
-    for job, slot, attempt, stored_status, runner, started, finished, stored_error, manual, \
-            lease, now in rows:
-        status, error = stored_status, stored_error
-        if status == "running" and lease is not None and int(lease) <= int(now):
-            status, error = "interrupted", error or "lease expired: the runner is gone"
-        runs.append(Run(
-            job=job, slot=int(slot), attempt=int(attempt), status=status, runner=runner,
-            started_at=ms_to_datetime(int(started)) if started is not None else None,
-            finished_at=ms_to_datetime(int(finished)) if finished is not None else None,
-            error=error, manual=bool(manual),
-        ))
+    for row in rows:
+        # A row anarchon cannot read (an unknown status, a value out of range) is reported
+        # once and skipped: it never hides the rest of the history.
+        try:
+            job, slot, attempt, stored_status, runner, started, finished, stored_error, \
+                manual, lease, meta = row
+            if stored_status not in FINISHED_STATUSES and stored_status != "running":
+                raise ValueError(f"unknown status {stored_status!r}")
+            status, error = read_status(stored_status, stored_error,
+                                        int(lease) if lease is not None else None, now)
+            runs.append(Run(
+                job=job, slot=int(slot), attempt=int(attempt), status=status, runner=runner,
+                started_at=ms_to_datetime(int(started)) if started is not None else None,
+                finished_at=ms_to_datetime(int(finished)) if finished is not None else None,
+                error=error, manual=bool(manual), meta=load_meta(meta),
+            ))
+        except (TypeError, ValueError, OverflowError, StoreError) as exc:
+            corrupt_records.report("table row", str(row[0]) if row else "?",
+                                   f"slot {row[1]!r} attempt {row[2]!r}" if len(row) > 2
+                                   else repr(row), f"unreadable history row: {exc}")
     return runs

@@ -20,6 +20,7 @@ from anarchon_core.errors import ConfigError, StoreFormatError
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from ..stores import StoreHandle, StoreSpec
+from . import readmodel_cases as cases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -256,3 +257,46 @@ def test_scheduler_refuses_lease_only_job_options(
         scheduler.cron("report", "0 8 * * *", _noop, **{option: value})
     scheduler.every("tick", "10s", _noop, max_late_ms=5_000, jitter_ms=100)
     assert [j.name for j in scheduler.jobs()] == ["tick"]
+
+
+# ---------------------------------------------------------------- the read model
+
+async def test_meta_round_trips(claim_backend: Backend) -> None:
+    await cases.meta_round_trips(claim_backend)
+
+
+async def test_meta_size_is_checked(claim_backend: Backend) -> None:
+    await cases.meta_size_is_checked(claim_backend)
+
+
+async def test_runs_pages_are_stable_under_concurrent_writes(claim_backend: Backend) -> None:
+    await cases.pages_are_stable_under_concurrent_writes(claim_backend)
+
+
+async def test_runs_filters_apply_before_the_limit(claim_backend: Backend) -> None:
+    await cases.filters_apply_before_the_limit(claim_backend)
+
+
+async def test_job_names_lists_every_job_of_the_store(
+    claim_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    backends = [claim_store[1].backend(namespace) for _ in range(3)]
+    for b in backends:
+        await b.start()
+    try:
+        await cases.job_names_lists_the_store(*backends)
+    finally:
+        for b in backends:
+            await b.stop()
+
+
+async def test_read_only_backend_reads_and_refuses_writes(
+    claim_store: tuple[StoreSpec, StoreHandle], claim_backend: Backend, namespace: str
+) -> None:
+    await cases.read_only_refuses_writes(claim_backend, claim_store[1].read_only(namespace))
+
+
+async def test_read_only_backend_needs_a_store_that_was_set_up(
+    claim_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    await cases.read_only_needs_a_store(claim_store[1].read_only(namespace))

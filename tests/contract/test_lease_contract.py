@@ -11,11 +11,13 @@ import time
 
 import pytest
 
-from anarchon_core.backend import Backend, new_token
+from anarchon_core.backend import Backend, Retention, new_token
 from anarchon_core.errors import StoreFormatError
-from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
+from anarchon_core.models import ClaimOutcome, ClaimRequest, HistoryQuery, RunRef
+from anarchon_core.readmodel import EXPIRED_READ
 
 from ..stores import StoreHandle, StoreSpec
+from . import readmodel_cases as cases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -270,10 +272,11 @@ async def test_namespaces_never_see_each_other(
 
 async def test_history_is_trimmed_but_running_runs_stay(lease_backend: Backend) -> None:
     base = await slot_now(lease_backend) - 10_000_000
+    lease_backend.configure_retention(Retention(history_size=5))
     running = req(base - 1000, "keeper", overlap=True, lease_ms=600_000, max_late_ms=None)
     assert (await lease_backend.claim(running)).won
     for i in range(300):
-        r = req(base + i, overlap=True, history_size=5, max_late_ms=None)
+        r = req(base + i, overlap=True, max_late_ms=None)
         assert (await lease_backend.claim(r)).won
         await lease_backend.finish(ref(r, 1), "success")
     runs = await lease_backend.history("job", limit=1000)
@@ -283,8 +286,9 @@ async def test_history_is_trimmed_but_running_runs_stay(lease_backend: Backend) 
 
 async def test_trimming_keeps_runs_a_late_claim_could_ask_for(lease_backend: Backend) -> None:
     now = await slot_now(lease_backend)
+    lease_backend.configure_retention(Retention(history_size=1, keep_ms=60_000))
     for i in range(200):
-        r = req(now - 1000 + i, overlap=True, history_size=1, keep_ms=60_000)
+        r = req(now - 1000 + i, overlap=True)
         await lease_backend.claim(r)
         await lease_backend.finish(ref(r, 1), "success")
     assert len(await lease_backend.history("job", limit=1000)) == 200
@@ -294,8 +298,9 @@ async def test_history_ttl_drops_old_runs(lease_backend: Backend) -> None:
     # 700 runs older than the TTL, then 300 within it: trimming runs on a random ~5 % of
     # won claims, so one of the last 300 trims everything older (P(miss) ≈ 2e-7).
     now = await slot_now(lease_backend)
+    lease_backend.configure_retention(Retention(history_ttl_ms=300_000))
     for i in range(1000):
-        r = req(now - 1_000_000 + i * 1_000, overlap=True, history_ttl_ms=300_000)
+        r = req(now - 1_000_000 + i * 1_000, overlap=True)
         await lease_backend.claim(r)
         await lease_backend.finish(ref(r, 1), "success")
     runs = await lease_backend.history("job", limit=2000)
@@ -322,3 +327,114 @@ async def test_newer_store_format_is_refused(
     await again.stop()
     assert info.value.code == "ANARCHON_STORE_FORMAT"
     assert "999" in str(info.value)
+
+
+# -- expired runs (orphan recovery) -------------------------------------------------------
+
+
+async def test_expired_runs_lists_an_orphan_and_not_live_or_finished_runs(
+    lease_backend: Backend,
+) -> None:
+    slot = await slot_now(lease_backend)
+    orphan = req(slot - 3_000, "gone", overlap=True)
+    live = req(slot - 2_000, "alive", overlap=True, lease_ms=60_000)
+    done = req(slot - 1_000, "done", overlap=True)
+    other_job = req(slot - 3_000, "gone", overlap=True, job="other")
+    for r in (orphan, live, done, other_job):
+        assert (await lease_backend.claim(r)).won
+    assert await lease_backend.finish(ref(done, 1), "success")
+    assert await lease_backend.expired_runs("job") == []  # every lease still live
+    await sleep_past_lease()
+    expired = await lease_backend.expired_runs("job")
+    assert [(e.job, e.slot, e.attempt, e.manual) for e in expired] == [
+        ("job", orphan.slot, 1, False)]
+    # Claiming it, as a recovering instance does, takes it over as attempt 2.
+    taken = await lease_backend.claim(req(orphan.slot, "new", overlap=True))
+    assert (taken.outcome, taken.attempt) == (ClaimOutcome.WON, 2)
+    assert await lease_backend.expired_runs("job") == []
+
+
+async def test_expired_runs_is_bounded_by_limit_and_reports_manual_runs(
+    lease_backend: Backend,
+) -> None:
+    slot = await slot_now(lease_backend)
+    for i in range(5):
+        assert (await lease_backend.claim(req(slot - 1_000 * i, "gone", overlap=True))).won
+    manual = req(slot, "gone", manual=True, overlap=True)
+    assert (await lease_backend.claim(manual)).won
+    await sleep_past_lease()
+    assert len(await lease_backend.expired_runs("job", limit=2)) == 2
+    everything = await lease_backend.expired_runs("job", limit=100)
+    assert len(everything) == 6
+    assert [(e.slot, e.manual) for e in everything if e.manual] == [(slot, True)]
+
+
+async def test_a_released_run_is_listed_as_expired_at_once(lease_backend: Backend) -> None:
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a", lease_ms=60_000)
+    assert (await lease_backend.claim(r)).won
+    assert await lease_backend.expired_runs("job") == []
+    assert await lease_backend.release(ref(r, 1))
+    assert [(e.slot, e.attempt) for e in await lease_backend.expired_runs("job")] == [(slot, 1)]
+
+
+# ---------------------------------------------------------------- the read model
+
+async def test_meta_round_trips(lease_backend: Backend) -> None:
+    await cases.meta_round_trips(lease_backend)
+
+
+async def test_meta_size_is_checked(lease_backend: Backend) -> None:
+    await cases.meta_size_is_checked(lease_backend)
+
+
+async def test_runs_pages_are_stable_under_concurrent_writes(lease_backend: Backend) -> None:
+    await cases.pages_are_stable_under_concurrent_writes(lease_backend)
+
+
+async def test_runs_filters_apply_before_the_limit(lease_backend: Backend) -> None:
+    await cases.filters_apply_before_the_limit(lease_backend)
+
+
+async def test_job_names_lists_every_job_of_the_store(
+    lease_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    backends = [lease_store[1].backend(namespace) for _ in range(3)]
+    for b in backends:
+        await b.start()
+    try:
+        await cases.job_names_lists_the_store(*backends)
+    finally:
+        for b in backends:
+            await b.stop()
+
+
+async def test_expired_running_attempt_reads_interrupted_on_every_read_path(
+    lease_backend: Backend,
+) -> None:
+    slot = await slot_now(lease_backend)
+    assert (await lease_backend.claim(req(slot, "gone"))).won
+    page = await lease_backend.runs(HistoryQuery(status="running"))
+    assert [r.runner for r in page] == ["gone"]
+    await sleep_past_lease()
+    [run] = await lease_backend.history("job")
+    assert (run.status, run.error) == ("interrupted", EXPIRED_READ)
+    assert [r.status for r in await lease_backend.runs(HistoryQuery())] == ["interrupted"]
+    assert [r.runner for r in await lease_backend.runs(HistoryQuery(status="interrupted"))] \
+        == ["gone"]
+    assert await lease_backend.runs(HistoryQuery(status="running")) == []
+    newest = (await lease_backend.job_names())["job"]
+    assert newest is not None
+    assert newest.status == "interrupted"
+
+
+async def test_read_only_backend_reads_and_refuses_writes(
+    lease_store: tuple[StoreSpec, StoreHandle], lease_backend: Backend, namespace: str
+) -> None:
+    await cases.read_only_refuses_writes(lease_backend, lease_store[1].read_only(namespace))
+
+
+async def test_read_only_backend_needs_a_store_that_was_set_up(
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    await cases.read_only_needs_a_store(persistent_lease_store[1].read_only(namespace))

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from anarchon_core.backend import Backend
+from anarchon_core.url import backend_from_url
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -32,6 +33,16 @@ class StoreHandle:
     #: Writes the store-format record of a namespace (to test refusal of newer formats).
     set_format: Callable[[str, str], None] | None = None
     extra: Any = None
+    #: A read-only backend of a namespace (default: the URL with ``read_only=true``).
+    reader: Callable[[str], Backend] | None = None
+
+    def read_only(self, ns: str) -> Backend:
+        """A backend of ``ns`` opened with ``read_only=True``."""
+        if self.reader is not None:
+            return self.reader(ns)
+        assert self.url is not None, "a store needs a reader or a URL"
+        url = self.url(ns)
+        return backend_from_url(f"{url}{'&' if '?' in url else '?'}read_only=true")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,10 @@ def _open() -> Iterator[StoreHandle]:
             fresh._lock = first._lock
         return fresh
 
-    yield StoreHandle(backend=backend)
+    def reader(ns: str) -> MemoryBackend:
+        return shared.setdefault(ns, MemoryBackend()).reader()
+
+    yield StoreHandle(backend=backend, reader=reader)
 
 
 STORES = [StoreSpec("memory", leases=True, open=_open, multi_host=False,

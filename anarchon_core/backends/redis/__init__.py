@@ -4,16 +4,14 @@ from .backend import (
     Idmp,
     Lease,
     RedisBackend,
-    RedisClaimOnlyBackend,
     Script,
     StreamId,
     ValkeyBackend,
-    ValkeyClaimOnlyBackend,
     parse_info,
     server_label,
 )
 
 __all__ = [
-    "Idmp", "Lease", "RedisBackend", "RedisClaimOnlyBackend", "Script", "StreamId",
-    "ValkeyBackend", "ValkeyClaimOnlyBackend", "parse_info", "server_label",
+    "Idmp", "Lease", "RedisBackend", "Script", "StreamId", "ValkeyBackend", "parse_info",
+    "server_label",
 ]

@@ -11,24 +11,32 @@
 * ``strategy``: :class:`Lease` (default), :class:`StreamId`, :class:`Idmp`,
   :class:`Script`, a name, or a dict (see :mod:`.strategies`). Only ``lease``
   holds leases; with the others the backend is claim-only (``supports_leases`` is False).
+  The backend delegates the strategy's store operations to a store object
+  (:class:`~.stores.LeaseStore` or :class:`~.stores.ClaimOnlyStore`).
 * ``prefix``: the namespace of every key (``"cron:"``).
+* ``read_only``: read history only; the scripts run as ``EVALSHA_RO`` (Redis 7+), so an
+  ACL user limited to reads (``+@read +time +evalsha_ro +eval_ro``) is enough.
 
-The key layout is in :mod:`.keys`, the Lua scripts in ``lua/``.
+The key layout is in :mod:`.keys`, the Lua scripts in ``lua/``. The set
+``<prefix>jobs`` lists the namespace's jobs (each process adds a job when it first claims
+it) for :meth:`~RedisBackend.job_names` and :meth:`~RedisBackend.runs`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...backend import FORMAT_VERSION, Backend, ClaimOnlyBackend
-from ...decision import HANDED_OVER
-from ...errors import ConfigError, StoreFormatError, UnsupportedStrategyError
-from ...models import ClaimRequest, ClaimResult, Run, RunRef
+from ...backend import FORMAT_VERSION, Backend
+from ...errors import ConfigError, StoreError, UnsupportedStrategyError
+from ...models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ...naming import validate_job_name, validate_prefix
-from ...url import mask_url, split_namespace_params
-from .claims import IdmpState, claim_only, claim_only_finish, claim_only_history
+from ...readmodel import dump_meta, history_reader, page_jobs
+from ...url import check_redis_url, mask_url, split_namespace_params
+from ..common import check_format_value, parse_flag, refuse_write, time_ms
+from ..storeerrors import StoreErrors
+from .acks import AckedCommands, check_acks, pipelining_client, split_acks_param
 from .clients import (
     DEFAULT_URL,
     Commands,
@@ -36,10 +44,11 @@ from .clients import (
     adapt_client,
     check_options,
     check_url,
+    classify,
     open_client,
 )
 from .keys import redis_key
-from .lease import lease_claim, lease_history, lease_update, run_score
+from .stores import RedisStore, store_for
 from .strategies import (
     Idmp,
     Lease,
@@ -54,53 +63,44 @@ from .strategies import (
 if TYPE_CHECKING:
     from ...options import JobOptions
 
-__all__ = [
-    "Idmp", "Lease", "RedisBackend", "RedisClaimOnlyBackend", "Script", "StreamId",
-    "ValkeyBackend", "ValkeyClaimOnlyBackend",
-]
+__all__ = ["Idmp", "Lease", "RedisBackend", "Script", "StreamId", "ValkeyBackend"]
 
 log = logging.getLogger("anarchon.redis")
-_B = TypeVar("_B", bound="RedisBackend")
 _OTHERS = "'lease' (the default), 'stream-id' or 'script', which work on Redis 5+ and Valkey"
 
 
 class RedisBackend(Backend):
     """Redis backend (see the module docstring for the options).
 
-    ``RedisBackend(strategy="script")`` and the other claim-only strategies build a
-    :class:`RedisClaimOnlyBackend` (a subclass), whose ``supports_leases`` is False.
+    The strategy decides ``supports_leases`` (an instance attribute): ``lease`` holds
+    leases; ``stream-id``, ``idmp`` and ``script`` only claim.
     """
 
     _display: ClassVar[str] = "RedisBackend"
     _option: ClassVar[str] = "redis"
     _allow_idmp: ClassVar[bool] = True
-    _claim_only_class: ClassVar[type[RedisBackend] | None] = None
-
-    def __new__(cls: type[_B], *args: Any, **kwargs: Any) -> _B:
-        """Pick the claim-only subclass when the strategy holds no leases."""
-        target: type[Any] = cls
-        claim_only_cls = cls.__dict__.get("_claim_only_class")
-        if claim_only_cls is not None:
-            try:
-                strategy = parse_strategy(kwargs.get("strategy", "lease"),
-                                          allow_idmp=cls._allow_idmp)
-            except ConfigError:
-                strategy = Lease()  # __init__ raises it again, where it belongs
-            if not strategy.leases:
-                target = claim_only_cls
-        instance: _B = super().__new__(target)
-        return instance
 
     def __init__(self, redis: str | Mapping[str, Any] | object | None = None, *,
-                 strategy: RedisStrategy = "lease", prefix: str = "cron:") -> None:
-        self._setup(redis, strategy, prefix)
+                 strategy: RedisStrategy = "lease", prefix: str = "cron:",
+                 min_replicas_acks: int = 0, read_only: bool = False) -> None:
+        self._setup(redis, strategy, prefix, read_only)
+        self._setup_acks(redis, min_replicas_acks)
 
-    def _setup(self, connection: object, strategy: object, prefix: object) -> None:
+    def _setup(self, connection: object, strategy: object, prefix: object,
+               read_only: object) -> None:
         self.strategy: Strategy = parse_strategy(strategy, allow_idmp=self._allow_idmp)
-        if self.strategy.leases != self.supports_leases:
-            kind = "holds leases" if self.strategy.leases else "only claims"
-            raise ConfigError(f"strategy {self.strategy.name!r} {kind}: use {self._display}")
+        #: The strategy's store operations, which this backend delegates to.
+        self.store: RedisStore = store_for(self.strategy)
+        self.supports_leases = self.store.leases
+        self.read_only = parse_flag("read_only", read_only)
+        self._registered: set[str] = set()
         self.prefix = validate_prefix(prefix)
+        if not self.prefix.endswith(":"):
+            # Job names are escaped so they hold no ':' (see .keys); a prefix ending in ':'
+            # then marks where the namespace ends, so two namespaces never share a key.
+            raise ConfigError(f"invalid prefix {self.prefix!r}: a Redis prefix must end "
+                              f"with ':' (e.g. {self.prefix + ':'!r})")
+        self._lease_ms: int | None = None
         self._url: str | None = None
         self._options: dict[str, Any] | None = None
         self._conn: Commands | None = None
@@ -113,7 +113,27 @@ class RedisBackend(Backend):
             self._options, self._cluster = check_options(connection)
         else:
             self._conn = adapt_client(connection)
-        self._idmp = IdmpState()
+            self._conn.errors = StoreErrors(self.describe, classify)
+
+    def _setup_acks(self, connection: object, acks: object) -> None:
+        """``min_replicas_acks`` (see :mod:`.acks`): checked here, at construction."""
+        self.min_replicas_acks = check_acks(acks)
+        self._acked: AckedCommands | None = None
+        if self.min_replicas_acks and self._conn is not None:
+            if not pipelining_client(connection):
+                raise ConfigError(
+                    f"min_replicas_acks needs a redis-py or valkey-py asyncio client (WAIT "
+                    f"must follow each write on its connection); got {self._conn.label}")
+            self._conn.client = connection
+
+    async def _writes(self) -> Commands:
+        """The connection for lease writes: followed by ``WAIT`` when acks are asked for."""
+        conn = await self._connection()
+        if not self.min_replicas_acks:
+            return conn
+        if self._acked is None or self._acked._conn is not conn:
+            self._acked = AckedCommands(conn, conn.client, self.min_replicas_acks)
+        return self._acked
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -122,8 +142,12 @@ class RedisBackend(Backend):
         ``prefix`` and ``strategy`` (a name) are read from the query; other query
         parameters go to redis-py. Keyword ``options`` override them.
         """
+        check_redis_url(url, extra=("prefix", "strategy", "read_only", "min_replicas_acks"))
+        url, acks = split_acks_param(url)
+        if acks is not None:
+            options.setdefault("min_replicas_acks", acks)
         rest, params = split_namespace_params(url)
-        unknown = sorted(set(params) - {"prefix", "strategy"})
+        unknown = sorted(set(params) - {"prefix", "strategy", "read_only"})
         if unknown:
             raise ConfigError(
                 f"invalid Redis URL {mask_url(url)!r}: unknown parameter {unknown[0]!r}"
@@ -146,8 +170,10 @@ class RedisBackend(Backend):
             target = self._conn.label if self._conn is not None else "?"
         if self._cluster:
             target += " (cluster)"
+        acks = (f", min_replicas_acks={self.min_replicas_acks}"
+                if getattr(self, "min_replicas_acks", 0) else "")
         return (f"{self._display}({self._option}={target}, strategy={self.strategy.name!r}, "
-                f"prefix={self.prefix!r})")
+                f"prefix={self.prefix!r}{acks})")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,18 +186,26 @@ class RedisBackend(Backend):
     async def start(self) -> None:
         """Connect, check the server supports the strategy and check the store format."""
         if self._conn is None:
-            self._conn = open_client(self._url if self._url is not None else
-                                     self._options or {}, cluster=self._cluster)
+            conn = open_client(self._url if self._url is not None else self._options or {},
+                               cluster=self._cluster,
+                               **({} if self._lease_ms is None else {"lease_ms": self._lease_ms}))
+            conn.errors = StoreErrors(self.describe, classify)
+            self._conn = conn
         conn = self._conn
-        await self._check_server(conn)
-        found = await LuaScript.load("format").run(
-            conn, [redis_key(self.prefix, "format")], [FORMAT_VERSION])
-        try:
-            version = int(found)
-        except (TypeError, ValueError):
-            raise StoreFormatError(found, FORMAT_VERSION) from None
-        if version > FORMAT_VERSION:
-            raise StoreFormatError(version, FORMAT_VERSION)
+        key = redis_key(self.prefix, "format")
+        if self.read_only:
+            # INFO needs more than reads; a reader runs no strategy, so skip the check.
+            found = await LuaScript.load("format_read").run(conn, [key], [], read_only=True)
+            if found is None:
+                raise StoreError(
+                    f"{self.describe()}: there is no {key!r} key, so the store was never "
+                    "set up (or the prefix or database is wrong); start a backend without "
+                    "read_only=True on it first"
+                )
+        else:
+            await self._check_server(conn)
+            found = await LuaScript.load("format").run(conn, [key], [FORMAT_VERSION])
+        check_format_value(found)
         log.debug("started %s", self.describe())
 
     async def _check_server(self, conn: Commands) -> None:
@@ -188,6 +222,16 @@ class RedisBackend(Backend):
                 f"strategy 'idmp' needs Redis 8.6+ (idempotent XADD ... IDMP); this server "
                 f"is {server}. Use {_OTHERS}."
             )
+
+    def tune_timeouts(self, lease_ms: int) -> None:
+        """Fit the socket, connect and health-check timeouts of anarchon's own connection.
+
+        Socket and connect timeouts become a third of the lease (at most 10 s and 5 s),
+        TCP keepalives are on, and an idle connection is checked every half lease. The
+        shortest lease of the schedulers using this backend wins; it applies to the
+        connection :meth:`start` opens. A client you passed in is left as it is.
+        """
+        self._lease_ms = lease_ms if self._lease_ms is None else min(self._lease_ms, lease_ms)
 
     async def stop(self) -> None:
         """Close the connection anarchon opened (a client you passed in stays open)."""
@@ -212,61 +256,64 @@ class RedisBackend(Backend):
 
     async def clock_ms(self) -> int:
         """The server's clock (``TIME``), the clock leases use."""
-        reply = await (await self._connection()).call("TIME")
-        if isinstance(reply, dict):  # a cluster client may answer per node
-            reply = next(iter(reply.values()))
-        return int(reply[0]) * 1000 + int(reply[1]) // 1000
+        return time_ms(await (await self._connection()).call("TIME"))
+
+    async def _register(self, job: str) -> None:
+        """Add ``job`` to ``<prefix>jobs`` (once per job and backend object)."""
+        if job not in self._registered:
+            await (await self._writes()).call("SADD", redis_key(self.prefix, "jobs"), job)
+            self._registered.add(job)
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
-        """Apply the lease decision table in one Lua script (``lua/lease_claim.lua``)."""
-        return await lease_claim(await self._connection(), self.prefix, request)
+        """Claim with the strategy (the lease decision table, or first claim wins)."""
+        refuse_write(self, "claim")
+        await self._register(request.job)
+        return await self.store.claim(await self._writes(), self.prefix, request,
+                                      self.retention)
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""
-        return await lease_update(await self._connection(), self.prefix, "heartbeat", ref,
-                                  lease_ms)
+        refuse_write(self, "heartbeat")
+        return await self.store.heartbeat(await self._writes(), self.prefix, ref, lease_ms)
 
     async def finish(self, ref: RunRef, status: str, error: str | None = None,
                      meta: Mapping[str, str] | None = None) -> bool:
-        """Record the attempt's end if ``ref`` is the current, running attempt."""
-        return await lease_update(await self._connection(), self.prefix, "finish", ref,
-                                  run_score(ref.slot, ref.manual), status, error or "")
+        """Record the attempt's end and meta if ``ref`` is the current, running attempt."""
+        refuse_write(self, "finish")
+        stored = dump_meta(meta)
+        return await self.store.finish(await self._writes(), self.prefix, ref, status=status,
+                                       error=error, meta=stored, retention=self.retention)
 
     async def release(self, ref: RunRef) -> bool:
         """End the lease now so a backup takes the next attempt at once."""
-        return await lease_update(await self._connection(), self.prefix, "release", ref,
-                                  HANDED_OVER)
+        refuse_write(self, "release")
+        return await self.store.release(await self._writes(), self.prefix, ref)
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first; an expired running attempt reads interrupted."""
-        return await lease_history(await self._connection(), self.prefix, job, limit)
+        return await self.store.history(await self._connection(), self.prefix, job, limit,
+                                        read_only=self.read_only)
 
+    async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
+        """Runs of ``job`` still running whose lease expired (none without leases)."""
+        return await self.store.expired_runs(await self._connection(), self.prefix, job,
+                                             limit)
 
-class RedisClaimOnlyBackend(ClaimOnlyBackend, RedisBackend):
-    """A :class:`RedisBackend` with a claim-only strategy: one winner per run, no leases.
+    async def _jobs(self) -> list[str]:
+        conn = await self._connection()
+        names = await LuaScript.load("read_set").run(
+            conn, [redis_key(self.prefix, "jobs")], [], read_only=self.read_only)
+        return sorted(str(n) for n in names or [])
 
-    ``RedisBackend(strategy=...)`` builds it for ``stream-id``, ``idmp`` and ``script``.
-    """
+    async def job_names(self) -> dict[str, Run | None]:
+        """The jobs in ``<prefix>jobs``, each with its newest attempt (or None)."""
+        return {job: next(iter(await self.history(job, 1)), None)
+                for job in await self._jobs()}
 
-    #: Results kept per job (the scheduler's history_size arrives with each claim).
-    _history_size: int = 1000
-
-    async def claim(self, request: ClaimRequest) -> ClaimResult:
-        """``won`` for the first claim of a run, ``taken`` for every other."""
-        self._history_size = request.history_size
-        return await claim_only(await self._connection(), self.prefix, self.strategy,
-                                request, self._idmp)
-
-    async def finish(self, ref: RunRef, status: str, error: str | None = None,
-                     meta: Mapping[str, str] | None = None) -> bool:
-        """Record the run's result; False if it already has one."""
-        return await claim_only_finish(await self._connection(), self.prefix, ref,
-                                       status=status, error=error,
-                                       history_size=self._history_size)
-
-    async def history(self, job: str, limit: int = 20) -> list[Run]:
-        """Claimed runs of ``job`` with their results, newest first (one attempt each)."""
-        return await claim_only_history(await self._connection(), self.prefix, job, limit)
+    async def runs(self, query: HistoryQuery) -> RunPage:
+        """One page of history across the namespace's jobs, newest first."""
+        names = [query.job] if query.job is not None else await self._jobs()
+        return await page_jobs(names, history_reader(self.history), query)
 
 
 class ValkeyBackend(RedisBackend):
@@ -281,21 +328,10 @@ class ValkeyBackend(RedisBackend):
     _allow_idmp: ClassVar[bool] = False
 
     def __init__(self, valkey: str | Mapping[str, Any] | object | None = None, *,
-                 strategy: ValkeyStrategy = "lease", prefix: str = "cron:") -> None:
-        self._setup(valkey, strategy, prefix)
-
-
-class ValkeyClaimOnlyBackend(ClaimOnlyBackend, ValkeyBackend):
-    """A :class:`ValkeyBackend` with the ``stream-id`` or ``script`` strategy."""
-
-    claim = RedisClaimOnlyBackend.claim
-    finish = RedisClaimOnlyBackend.finish
-    history = RedisClaimOnlyBackend.history
-    _history_size: int = 1000
-
-
-RedisBackend._claim_only_class = RedisClaimOnlyBackend
-ValkeyBackend._claim_only_class = ValkeyClaimOnlyBackend
+                 strategy: ValkeyStrategy = "lease", prefix: str = "cron:",
+                 min_replicas_acks: int = 0, read_only: bool = False) -> None:
+        self._setup(valkey, strategy, prefix, read_only)
+        self._setup_acks(valkey, min_replicas_acks)
 
 
 def parse_info(text: object) -> dict[str, str]:

@@ -14,10 +14,11 @@ from typing import Any
 from ...decision import late_error
 from ...errors import StoreError
 from ...models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ...readmodel import load_meta
 from ...schedules import ms_to_datetime
 from .clients import Commands, LuaScript
 from .keys import redis_key
-from .lease import run_score
+from .lease import corrupt_records, run_score
 from .strategies import Idmp, Script, Strategy, StreamId
 
 __all__ = ["IdmpState", "claim_only", "claim_only_finish", "claim_only_history"]
@@ -43,40 +44,42 @@ def _answer(req: ClaimRequest, code: int) -> ClaimResult:
     return ClaimResult(ClaimOutcome.TAKEN, 1)
 
 
-async def claim_only(conn: Commands, prefix: str, strategy: Strategy, req: ClaimRequest,
-                     idmp: IdmpState) -> ClaimResult:
+async def claim_only(conn: Commands, prefix: str, strategy: Strategy, req: ClaimRequest, *,
+                     idmp: IdmpState, history_size: int) -> ClaimResult:
     """Claim ``req`` with ``strategy``: won for the first claim of a run, taken after.
 
     A first claim later than ``max_late_ms`` after the slot (by the server's clock) is
     recorded, so later claims lose too, and answered ``late`` with a ``skipped`` result.
+    Streams and results keep about ``history_size`` runs.
     """
     max_late = -1 if req.max_late_ms is None else req.max_late_ms
     if req.manual:
         key = redis_key(prefix, "manual", req.job)
         reply = await LuaScript.load("manual_claim").run(
-            conn, [key], [req.slot, req.token, req.runner, req.history_size])
+            conn, [key], [req.slot, req.token, req.runner, history_size])
         return _answer(req, int(reply))
     key = redis_key(prefix, "runs", req.job)
     if isinstance(strategy, StreamId):
         code, now = await LuaScript.load("stream_id_claim").run(
-            conn, [key], [req.slot, req.token, req.runner, req.history_size, max_late])
+            conn, [key], [req.slot, req.token, req.runner, history_size, max_late])
     elif isinstance(strategy, Script):
         code, now = await LuaScript.load("script_claim").run(
             conn, [key], [req.slot, req.token, req.runner, strategy.window_ms,
-                          req.history_size, max_late])
+                          history_size, max_late])
     elif isinstance(strategy, Idmp):
-        code, now = await _idmp_claim(conn, key, strategy, req, idmp)
+        code, now = await _idmp_claim(conn, key, strategy, req, idmp=idmp,
+                                      history_size=history_size)
     else:
         raise StoreError(f"strategy {strategy.name!r} does not claim without leases")
     if int(code) == 2:
         await claim_only_finish(conn, prefix, RunRef(req.job, req.slot, req.token),
                                 status="skipped", error=late_error(req, int(now)),
-                                history_size=req.history_size, check_owner=False)
+                                history_size=history_size, check_owner=False)
     return _answer(req, int(code))
 
 
-async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimRequest,
-                      idmp: IdmpState) -> tuple[int, int]:
+async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimRequest, *,
+                      idmp: IdmpState, history_size: int) -> tuple[int, int]:
     if key not in idmp.configured:
         await LuaScript.load("idmp_config").run(
             conn, [key], [strategy.duration_sec, strategy.max_size])
@@ -89,7 +92,7 @@ async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimReques
     if not isinstance(entry_id, str):
         raise StoreError(f"unexpected answer to XADD ... IDMP: {entry_id!r}")
     token, now = await LuaScript.load("idmp_read").run(
-        conn, [key], [entry_id, req.history_size])
+        conn, [key], [entry_id, history_size])
     if token != req.token:
         return 0, int(now)
     late = req.max_late_ms is not None and int(now) > req.slot + req.max_late_ms
@@ -97,7 +100,7 @@ async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimReques
 
 
 async def claim_only_finish(conn: Commands, prefix: str, ref: RunRef, *, status: str,
-                            error: str | None, history_size: int,
+                            error: str | None, history_size: int, meta: str | None = None,
                             check_owner: bool = True) -> bool:
     """Record the run's one result; False if it has one already or ``ref`` lost the claim."""
     if check_owner:
@@ -109,45 +112,75 @@ async def claim_only_finish(conn: Commands, prefix: str, ref: RunRef, *, status:
             return False
     reply = await LuaScript.load("claim_result").run(
         conn, [redis_key(prefix, "results", ref.job)],
-        [run_score(ref.slot, ref.manual), ref.token, status, error or "", history_size])
+        [run_score(ref.slot, ref.manual), ref.token, status, error or "", history_size,
+         meta or ""])
     return int(reply) == 1
 
 
-def _entries(job: str, reply: Any, manual: bool) -> list[dict[str, Any]]:
+_UNREADABLE = (TypeError, ValueError, KeyError, IndexError, OverflowError)
+
+
+def _entries(job: str, key: str, reply: Any, manual: bool) -> list[dict[str, Any]]:
+    """Claim entries of a stream; an entry anarchon cannot read is reported and skipped."""
     out = []
-    for entry_id, flat in reply:
-        fields = dict(zip(flat[::2], flat[1::2], strict=False))
-        at = fields.get("at") or str(entry_id).split("-", 1)[0]
-        out.append({"slot": int(fields["slot"]), "manual": manual, "token": fields.get("token"),
-                    "runner": fields.get("runner", ""), "at": int(at)})
+    for entry in reply:
+        try:
+            entry_id, flat = entry
+            fields = dict(zip(flat[::2], flat[1::2], strict=False))
+            at = fields.get("at") or str(entry_id).split("-", 1)[0]
+            claim = {"slot": int(fields["slot"]), "manual": manual,
+                     "token": fields.get("token"), "runner": fields.get("runner", ""),
+                     "at": int(at)}
+            ms_to_datetime(claim["slot"])
+            ms_to_datetime(claim["at"])
+        except _UNREADABLE as exc:
+            corrupt_records.report(key, job, repr(entry), f"unreadable claim entry: {exc!r}")
+            continue
+        out.append(claim)
     return out
 
 
-async def claim_only_history(conn: Commands, prefix: str, job: str, limit: int) -> list[Run]:
+def _result(job: str, key: str, text: Any) -> dict[str, Any]:
+    """A run's result record, or {} (still running) if there is none or it is unreadable."""
+    if not text:
+        return {}
+    try:
+        result = json.loads(text)
+        if not isinstance(result, dict) or not isinstance(result.get("s", ""), str):
+            raise ValueError("not a JSON object")
+        if result.get("f"):
+            ms_to_datetime(int(result["f"]))
+    except _UNREADABLE as exc:
+        corrupt_records.report(key, job, str(text), f"unreadable result: {exc!r}")
+        return {}
+    return result
+
+
+async def claim_only_history(conn: Commands, prefix: str, job: str, limit: int, *,
+                             read_only: bool = False) -> list[Run]:
     """Claimed runs of ``job`` (scheduled and manual), newest slot first, with results."""
     read = LuaScript.load("read_stream")
-    try:
-        claims = _entries(job, await read.run(conn, [redis_key(prefix, "runs", job)],
-                                              [limit]), False)
-        claims += _entries(job, await read.run(conn, [redis_key(prefix, "manual", job)],
-                                               [limit]), True)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise StoreError(f"unreadable claims of job {job!r}: {exc!r}") from None
+    runs_key, manual_key = redis_key(prefix, "runs", job), redis_key(prefix, "manual", job)
+    claims = _entries(job, runs_key, await read.run(conn, [runs_key], [limit],
+                                                    read_only=read_only), False)
+    claims += _entries(job, manual_key, await read.run(conn, [manual_key], [limit],
+                                                       read_only=read_only), True)
     claims.sort(key=lambda c: (c["slot"], c["manual"]), reverse=True)
     claims = claims[:limit]
     if not claims:
         return []
     results = await LuaScript.load("read_results").run(
         conn, [redis_key(prefix, "results", job)],
-        [run_score(c["slot"], c["manual"]) for c in claims])
+        [run_score(c["slot"], c["manual"]) for c in claims], read_only=read_only)
     runs = []
+    results_key = redis_key(prefix, "results", job)
     for claim, text in zip(claims, results, strict=True):
-        result = json.loads(text) if text else {}
+        result = _result(job, results_key, text)
         finished = result.get("f")
         runs.append(Run(
             job=job, slot=claim["slot"], attempt=1, status=result.get("s", "running"),
             runner=str(claim["runner"]), started_at=ms_to_datetime(claim["at"]),
             finished_at=ms_to_datetime(int(finished)) if finished else None,
-            error=result.get("e"), manual=claim["manual"],
+            error=result.get("e"), manual=claim["manual"], meta=load_meta(result.get("m")),
         ))
     return runs

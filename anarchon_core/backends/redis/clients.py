@@ -31,17 +31,73 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from redis.asyncio import Redis, RedisCluster
 
 from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
-from ...errors import ConfigError
-from ...url import mask_url
+from ...errors import ConfigError, StoreError
+from ...url import check_redis_url, mask_url
+from ..storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 __all__ = ["Commands", "LuaScript", "adapt_client", "client_label", "open_client", "plain"]
 
 Arg = str | int | bytes
 DEFAULT_URL = "redis://localhost:6379/0"
 _SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
-#: Timeouts for anarchon's own connection unless the URL or options set them: a hung
-#: server must fail a claim (the scheduler retries) rather than block it forever.
-_OWN_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
+#: The lease the timeouts of anarchon's own connection fit when no scheduler said
+#: (:func:`own_timeouts`).
+DEFAULT_LEASE_MS = 30_000
+
+
+def own_timeouts(lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
+    """Timeouts and keepalives of anarchon's own connection, all below ``lease_ms``.
+
+    A hung server or a half-open connection must fail a call (the scheduler retries a
+    :class:`StoreUnavailable`) while the lease can still be saved, never block it. The
+    URL or options given by the user win over these.
+    """
+    lease_s = lease_ms / 1000
+    return {
+        "socket_timeout": round(min(10.0, max(0.5, lease_s / 3)), 3),
+        "socket_connect_timeout": round(min(5.0, max(0.5, lease_s / 3)), 3),
+        "socket_keepalive": True,
+        "health_check_interval": max(1, min(30, int(lease_s // 2))),
+    }
+
+
+# Error replies a server gives while it loads, fails over, reshards or is busy: retried.
+_TRANSIENT_REPLIES = frozenset({
+    "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK", "READONLY", "MASTERDOWN",
+    "BUSY", "NOREPLICAS", "UNBLOCKED", "FAILOVER",
+})
+# Exception classes of redis-py, valkey-py and Valkey GLIDE, by name (the same in each).
+_TRANSIENT_CLASSES = frozenset({
+    "ConnectionError", "TimeoutError", "BusyLoadingError", "TryAgainError",
+    "ClusterDownError", "MasterDownError", "MaxConnectionsError", "ClusterError",
+    "SlotNotCoveredError", "MovedError", "AskError", "ReadOnlyError",
+    "RedisClusterException", "ValkeyClusterException", "ClosingError",
+})
+_NOT_TRANSIENT = frozenset({
+    "AuthenticationError", "AuthenticationWrongNumberOfArgsError", "AuthorizationError",
+    "NoPermissionError", "ExternalAuthProviderError",
+})
+_DRIVERS = ("redis", "valkey", "glide")
+
+
+def classify(exc: BaseException) -> Kind:
+    """The Redis/Valkey error table (every client kind): transient, store, or not ours."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    driver = type(exc).__module__.split(".")[0].startswith(_DRIVERS)
+    if names & _NOT_TRANSIENT:
+        return STORE
+    word = str(exc).lstrip("-").split(" ", 1)[0].upper()
+    if word in _TRANSIENT_REPLIES:
+        return TRANSIENT
+    if not driver:
+        return None
+    if "DataError" in names:  # a bad argument: ours to fix, not the store's
+        return None
+    if names & _TRANSIENT_CLASSES:
+        return TRANSIENT
+    if "RequestError" in names and "timed out" in str(exc).lower():  # GLIDE
+        return TRANSIENT
+    return STORE
 
 
 #: Texts the Lua scripts take from Python (``"@NAME@"`` in a script), so that
@@ -71,15 +127,24 @@ class Commands:
         self.label = label
         self.owned = owned
         self.blocking = blocking
+        #: The client object itself when it can pipeline (``min_replicas_acks``), else None.
+        self.client: Any = None
+        #: The error layer; the backend replaces it with one that names itself.
+        self.errors = StoreErrors(lambda: label, classify)
 
     async def call(self, *args: Arg) -> Any:
-        """Send one command and return its reply as plain values."""
-        if self.blocking:
-            reply = await asyncio.to_thread(self._send, args)
-        else:
-            reply = self._send(args)
-        if inspect.isawaitable(reply):
-            reply = await reply
+        """Send one command and return its reply as plain values.
+
+        Failures are :class:`StoreUnavailable` (transient) or :class:`StoreError`, with
+        the client's exception as the cause (see :func:`classify`).
+        """
+        with self.errors.guard(str(args[0]) if args else "call"):
+            if self.blocking:
+                reply = await asyncio.to_thread(self._send, args)
+            else:
+                reply = self._send(args)
+            if inspect.isawaitable(reply):
+                reply = await reply
         return plain(reply)
 
     async def close(self) -> None:
@@ -111,21 +176,51 @@ class LuaScript:
             source = source.replace(f'"@{constant}@"', json.dumps(text, ensure_ascii=False))
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
-    async def run(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        """EVALSHA, falling back to EVAL when the server does not have the script yet."""
+    async def run(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg], *,
+                  read_only: bool = False) -> Any:
+        """EVALSHA, falling back to EVAL when the server does not have the script yet.
+
+        ``read_only`` runs a script that only reads as ``EVALSHA_RO``/``EVAL_RO`` (Redis
+        7+, Valkey), which an ACL user limited to reads may run and which a replica
+        accepts; older servers get the plain commands. A key of another type than
+        anarchon writes (``WRONGTYPE``) is a :class:`StoreError` naming the keys.
+        """
+        ro = "_RO" if read_only and not getattr(conn, "_anarchon_no_ro", False) else ""
         try:
-            return await conn.call("EVALSHA", self.sha, len(keys), *keys, *args)
-        except Exception as exc:
-            if not is_noscript(exc):
+            try:
+                return await conn.call(f"EVALSHA{ro}", self.sha, len(keys), *keys, *args)
+            except StoreError as exc:
+                if ro and _unknown_command(exc):
+                    conn._anarchon_no_ro = True  # type: ignore[attr-defined]
+                    return await self.run(conn, keys, args, read_only=read_only)
+                if not is_noscript(exc):
+                    raise
+            return await conn.call(f"EVAL{ro}", self.source, len(keys), *keys, *args)
+        except StoreError as exc:
+            if "WRONGTYPE" not in str(exc):
                 raise
-        return await conn.call("EVAL", self.source, len(keys), *keys, *args)
+            raise StoreError(
+                f"{exc}; one of the keys "
+                f"{', '.join(map(repr, keys))} holds a value of another type than anarchon "
+                "writes (another application uses this prefix?)"
+            ) from exc.__cause__
+
+
+def _unknown_command(exc: BaseException) -> bool:
+    """Whether the server does not know the command (``EVALSHA_RO`` before Redis 7)."""
+    return any("unknown command" in str(e).lower() for e in (exc, exc.__cause__) if e)
 
 
 def is_noscript(exc: BaseException) -> bool:
-    """Whether a client error is the server's NOSCRIPT (the script is not cached)."""
-    text = str(exc)
-    return (type(exc).__name__ == "NoScriptError" or "NOSCRIPT" in text
-            or "No matching script" in text)
+    """Whether a client error (or its cause) is the server's NOSCRIPT."""
+    for error in (exc, exc.__cause__):
+        if error is None:
+            continue
+        text = str(error)
+        if (type(error).__name__ == "NoScriptError" or "NOSCRIPT" in text
+                or "No matching script" in text):
+            return True
+    return False
 
 
 def _text(arg: Arg) -> str | bytes:
@@ -163,6 +258,7 @@ def check_url(url: str) -> tuple[str, bool]:
     Returns the URL for redis-py's ``from_url`` and whether ``?cluster=true`` asked for a
     Redis Cluster client.
     """
+    check_redis_url(url)  # ConfigError (URL masked) for anything redis-py would refuse later
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -220,15 +316,24 @@ def check_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return rest, cluster
 
 
-def open_client(target: str | Mapping[str, Any], *, cluster: bool = False) -> Commands:
-    """Open anarchon's own ``redis.asyncio`` client from a checked URL or options dict."""
+def open_client(target: str | Mapping[str, Any], *, cluster: bool = False,
+                lease_ms: int = DEFAULT_LEASE_MS) -> Commands:
+    """Open anarchon's own ``redis.asyncio`` client from a checked URL or options dict.
+
+    Timeouts and keepalives fit ``lease_ms`` (:func:`own_timeouts`) unless the URL or the
+    options set them.
+    """
     cls: Any = RedisCluster if cluster else Redis
+    defaults = own_timeouts(lease_ms)
     if isinstance(target, str):
-        client = cls.from_url(target, **_OWN_DEFAULTS)
+        given = {k for k, _ in parse_qsl(urlsplit(target).query)}
+        client = cls.from_url(target, **{k: v for k, v in defaults.items() if k not in given})
     else:
-        client = cls(**{**_OWN_DEFAULTS, **target})
-    return Commands(partial(_execute, client), label=f"redis.asyncio.{cls.__name__}",
-                    owned=True, blocking=False, closer=client.aclose)
+        client = cls(**{**defaults, **target})
+    commands = Commands(partial(_execute, client), label=f"redis.asyncio.{cls.__name__}",
+                        owned=True, blocking=False, closer=client.aclose)
+    commands.client = client
+    return commands
 
 
 def _execute(client: Any, args: Sequence[Arg]) -> Any:

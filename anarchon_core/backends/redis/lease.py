@@ -10,18 +10,27 @@ for a manual run) is a small JSON object; so is each result.
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 from typing import Any
 
+from ...backend import Retention
 from ...errors import StoreError
-from ...models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ...models import ClaimOutcome, ClaimRequest, ClaimResult, ExpiredRun, Run, RunRef
+from ...readmodel import load_meta, read_status
 from ...schedules import ms_to_datetime
+from ..storeerrors import CorruptRecords
 from .clients import Commands, LuaScript
 from .keys import LEASE_PARTS, Part, redis_key
 
-__all__ = ["lease_claim", "lease_history", "lease_update", "run_id", "run_score"]
+__all__ = ["lease_claim", "lease_expired", "lease_history", "lease_update", "run_id",
+           "run_score"]
 
-EXPIRED_READ = "lease expired: the runner is gone"
+log = logging.getLogger("anarchon.redis")
+#: Corrupt states and history entries are reported once each (then skipped quietly).
+corrupt_records = CorruptRecords(log)
+#: How many members of a job's active set one expired-runs scan looks at, at most.
+EXPIRED_SCAN_BUDGET = 1_000
 
 
 def run_id(slot: int, manual: bool) -> str:
@@ -39,11 +48,13 @@ def _keys(prefix: str, job: str, *parts: Part) -> tuple[str, ...]:
     return tuple(redis_key(prefix, p, job, tagged=True) for p in parts)
 
 
-async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest) -> ClaimResult:
-    """Run the claim script for ``req``."""
+async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest,
+                      retention: Retention) -> ClaimResult:
+    """Run the claim script for ``req``; trimming keeps the namespace's ``retention``."""
+    ttl = retention.history_ttl_ms
     numbers = (req.slot, int(req.manual), req.lease_ms, int(req.overlap), req.max_attempts,
-               -1 if req.max_late_ms is None else req.max_late_ms, req.keep_ms,
-               req.history_size, -1 if req.history_ttl_ms is None else req.history_ttl_ms)
+               -1 if req.max_late_ms is None else req.max_late_ms, retention.keep_ms,
+               retention.history_size, -1 if ttl is None else ttl)
     reply = await LuaScript.load("lease_claim").run(
         conn, _keys(prefix, req.job, *LEASE_PARTS),
         [req.token, req.runner, " ".join(map(str, numbers))],
@@ -52,6 +63,8 @@ async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest) -> ClaimRe
         outcome, attempt, lease = ClaimOutcome(reply[0]), int(reply[1]), reply[2]
     except (TypeError, ValueError, IndexError):
         raise StoreError(f"unexpected answer to the lease claim: {reply!r}") from None
+    if len(reply) > 3 and reply[3]:
+        _report_states(conn, prefix, req.job, reply[3])
     return ClaimResult(outcome, attempt, req.token if outcome is ClaimOutcome.WON else None,
                        int(lease) if lease not in ("", None) else None)
 
@@ -66,6 +79,48 @@ async def lease_update(conn: Commands, prefix: str, op: str, ref: RunRef,
     return int(reply) == 1
 
 
+def _report_states(conn: Commands, prefix: str, job: str, run_ids: list[str]) -> None:
+    key = redis_key(prefix, "state", job, tagged=True)
+    for rid in run_ids:
+        corrupt_records.report(key, job, f"field {rid}",
+                               "not a run state anarchon wrote; the run is left alone")
+
+
+async def lease_expired(conn: Commands, prefix: str, job: str, limit: int) -> list[ExpiredRun]:
+    """Runs of ``job`` still running whose lease expired, by the server's clock.
+
+    One script over the job's ``active`` set and ``state`` hash (one hash slot); it looks
+    at no more than :data:`EXPIRED_SCAN_BUDGET` members.
+    """
+    if limit <= 0:
+        return []
+    expired, corrupt = await LuaScript.load("lease_expired").run(
+        conn, _keys(prefix, job, "state", "active"), [limit, EXPIRED_SCAN_BUDGET])
+    if corrupt:
+        _report_states(conn, prefix, job, corrupt)
+    out = []
+    for rid, attempt in zip(expired[::2], expired[1::2], strict=True):
+        text = str(rid)
+        manual = text.startswith("m")
+        try:
+            out.append(ExpiredRun(job, int(text[1:] if manual else text), int(attempt), manual))
+        except ValueError:
+            _report_states(conn, prefix, job, [text])
+    return out[:limit]
+
+
+_UNREADABLE = (TypeError, ValueError, KeyError, IndexError, OverflowError)
+_STATUSES = frozenset({"running", "success", "failed", "interrupted", "skipped"})
+
+
+def _record(text: Any) -> dict[str, Any]:
+    """A state or result record; ValueError if it is not one anarchon wrote."""
+    rec = json.loads(text)
+    if not isinstance(rec, dict) or rec.get("s") not in _STATUSES:
+        raise ValueError("not a run record (unknown status or not a JSON object)")
+    return rec
+
+
 def _ms(value: Any) -> int | None:
     return int(value) if value not in (None, "") else None
 
@@ -77,37 +132,52 @@ def _run(job: str, slot: int, manual: bool, rec: dict[str, Any], *, status: str,
         job=job, slot=slot, attempt=int(rec["a"]), status=status, runner=str(rec.get("r", "")),
         started_at=ms_to_datetime(started) if started is not None else None,
         finished_at=ms_to_datetime(finished) if finished is not None else None,
-        error=error, manual=manual,
+        error=error, manual=manual, meta=load_meta(rec.get("m")),
     )
 
 
-async def lease_history(conn: Commands, prefix: str, job: str, limit: int) -> list[Run]:
+async def lease_history(conn: Commands, prefix: str, job: str, limit: int, *,
+                        read_only: bool = False) -> list[Run]:
     """Attempts of the newest ``limit`` runs, newest first, cut to ``limit`` attempts."""
     reply = await LuaScript.load("lease_history").run(
-        conn, _keys(prefix, job, "state", "slots", "results"), [limit])
+        conn, _keys(prefix, job, "state", "slots", "results"), [limit], read_only=read_only)
     try:
         now = int(reply[0])
-        runs: list[Run] = []
-        for rid, slot_text, raw, results in reply[1:]:
+    except (TypeError, ValueError, IndexError) as exc:
+        raise StoreError(f"unreadable lease history for job {job!r}: {exc!r}") from None
+    runs: list[Run] = []
+    # A record anarchon cannot read is reported once and skipped: one corrupt entry never
+    # hides the rest of the history.
+    for entry in reply[1:]:
+        try:
+            rid, slot_text, raw, results = entry
             slot, manual = int(float(slot_text)), str(rid).startswith("m")
-            attempts: dict[int, Run] = {}
-            for text in results:
-                rec = json.loads(text)
+        except _UNREADABLE as exc:
+            corrupt_records.report(redis_key(prefix, "slots", job, tagged=True), job,
+                                   repr(entry), f"unreadable run: {exc!r}")
+            continue
+        attempts: dict[int, Run] = {}
+        for text in results:
+            try:
+                rec = _record(text)
                 attempts[int(rec["a"])] = _run(job, slot, manual, rec, status=rec["s"],
                                                error=rec.get("e"))
-            if raw:
-                st = json.loads(raw)
+            except _UNREADABLE as exc:
+                corrupt_records.report(redis_key(prefix, "results", job, tagged=True), job,
+                                       str(text), f"unreadable result: {exc!r}")
+        if raw:
+            try:
+                st = _record(raw)
                 if st["s"] == "running":
-                    lease = _ms(st.get("l"))
-                    expired = lease is not None and lease <= now
-                    status = "interrupted" if expired else "running"
-                    error = st.get("e") or (EXPIRED_READ if expired else None)
-                    attempts[int(st["a"])] = _run(job, slot, manual, st, status=status, error=error)
+                    status, error = read_status("running", st.get("e"), _ms(st.get("l")), now)
+                    attempts[int(st["a"])] = _run(job, slot, manual, st, status=status,
+                                                   error=error)
                 elif int(st["a"]) not in attempts:
                     attempts[int(st["a"])] = _run(job, slot, manual, st, status=st["s"],
                                                    error=st.get("e"))
-            runs.extend(attempts.values())
-    except (TypeError, ValueError, KeyError, IndexError) as exc:
-        raise StoreError(f"unreadable lease history for job {job!r}: {exc!r}") from None
+            except _UNREADABLE as exc:
+                corrupt_records.report(redis_key(prefix, "state", job, tagged=True), job,
+                                       str(raw), f"unreadable state of run {rid}: {exc!r}")
+        runs.extend(attempts.values())
     runs.sort(key=lambda r: (r.slot, r.manual, r.attempt), reverse=True)
     return runs[:limit]

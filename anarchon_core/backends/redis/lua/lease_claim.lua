@@ -3,7 +3,9 @@
 -- ARGV: token, runner, and the numbers in one space-separated argument (fewer arguments
 --       to encode on every claim): slot manual(0/1) lease_ms overlap(0/1) max_attempts
 --       max_late_ms(-1: none) keep_ms history_size history_ttl_ms(-1: none)
--- Returns {outcome, attempt, lease_until_ms or ""}.
+-- Returns {outcome, attempt, lease_until_ms or "", {run_id, ...}}: the last item lists the
+-- runs whose state is corrupt (not JSON, unknown status) met on the way; they are skipped,
+-- never taken over, and the caller reports them.
 -- The error texts below are decision.py's, put in when the script is loaded.
 local LEASE_EXPIRED = "@LEASE_EXPIRED@"
 local GAVE_UP = "@GAVE_UP@"
@@ -17,18 +19,32 @@ local run_id = manual == '1' and 'm' .. slot_s or slot_s
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+local corrupt = {}
+-- A run's state, or nil if it is not a state anarchon wrote (reported, never taken over).
+local function decode(id, text)
+  local ok, value = pcall(cjson.decode, text)
+  if ok and type(value) == 'table' and tonumber(value.a) and
+      (value.s == 'running' or value.s == 'success' or value.s == 'failed' or
+       value.s == 'interrupted' or value.s == 'skipped') then
+    return value
+  end
+  corrupt[#corrupt + 1] = id
+  return nil
+end
+
 -- State present: the read-only answers first (the path every backup's check takes).
 local raw = redis.call('HGET', KEYS[1], run_id)
 local st
 if raw then
-  st = cjson.decode(raw)
+  st = decode(run_id, raw)
+  if not st then return {'done', 0, '', corrupt} end
   local s = st.s
-  if s == 'success' or s == 'failed' or s == 'interrupted' or s == 'skipped' then
-    return {'done', tonumber(st.a), ''}
+  if s ~= 'running' then
+    return {'done', tonumber(st.a), '', corrupt}
   end
   -- the caller's own claim, retried after its answer was lost
-  if st.t == ARGV[1] then return {'won', tonumber(st.a), st.l or ''} end
-  if st.l and tonumber(st.l) > now then return {'running', tonumber(st.a), st.l} end
+  if st.t == ARGV[1] then return {'won', tonumber(st.a), st.l or '', corrupt} end
+  if st.l and tonumber(st.l) > now then return {'running', tonumber(st.a), st.l, corrupt} end
 end
 
 local state_key, active_key, slots_key, runs_key, results_key =
@@ -76,8 +92,8 @@ local function other_live()
     if id ~= run_id then
       local other = redis.call('HGET', state_key, id)
       if other then
-        local o = cjson.decode(other)
-        if o.s == 'running' and o.l and tonumber(o.l) > now then return true end
+        local o = decode(id, other)
+        if o and o.s == 'running' and o.l and tonumber(o.l) > now then return true end
       else
         redis.call('SREM', active_key, id)
       end
@@ -133,19 +149,19 @@ local function start(attempt)
   redis.call('ZADD', slots_key, slot_s, run_id)
   log_attempt(tostring(attempt), 'running')
   trim()
-  return {'won', attempt, lease_until}
+  return {'won', attempt, lease_until, corrupt}
 end
 
 if not st then
-  if manual ~= '1' and slot > now + EARLY_TOLERANCE_MS then return {'early', 0, ''} end
+  if manual ~= '1' and slot > now + EARLY_TOLERANCE_MS then return {'early', 0, '', corrupt} end
   if max_late >= 0 and now > slot + max_late then
     record_skip(string.format('late: first claimed %s ms after its time (max_late_ms=%s)',
                               num(now - slot), P[6]))
-    return {'late', 1, ''}
+    return {'late', 1, '', corrupt}
   end
   if P[4] ~= '1' and other_live() then
     record_skip(OVERLAP_SKIP)
-    return {'overlap', 1, ''}
+    return {'overlap', 1, '', corrupt}
   end
   return start(1)
 end
@@ -157,4 +173,4 @@ if attempt < max_attempts then
 end
 end_attempt(st, 'interrupted', GAVE_UP)
 redis.call('SREM', active_key, run_id)
-return {'done', attempt, ''}
+return {'done', attempt, '', corrupt}
