@@ -185,7 +185,7 @@ class MemoryBackend(Backend):
             last = attempts[-1]
             if name == job and last.status == "running" and \
                     (last.lease_until is None or last.lease_until <= now):
-                out.append(ExpiredRun(name, slot, last.attempt, manual))
+                out.append(ExpiredRun(name, slot, last.attempt, manual, last.lease_until))
                 if len(out) >= limit:
                     break
         return out

@@ -99,7 +99,7 @@ _TEMPLATES: dict[str, str] = {
             FROM {{runs}} r) ranked
         WHERE newest = 1 ORDER BY job""",
     "expired": """
-        SELECT slot, attempt, manual FROM {runs}
+        SELECT slot, attempt, manual, lease_until FROM {runs}
         WHERE job = :job AND status = 'running' AND lease_until <= :now
         ORDER BY lease_until LIMIT :limit""",
     "trim_cutoff": """
@@ -243,9 +243,10 @@ def expired_steps(job: str, limit: int) -> Generator[Step, Any, list[ExpiredRun]
     now = int((yield Step("now", {}))[0][0])
     rows = yield Step("expired", {"job": job, "now": now, "limit": max(0, limit)})
     out = []
-    for slot, attempt, manual in rows:
+    for slot, attempt, manual, lease_until in rows:
         try:
-            out.append(ExpiredRun(job, int(slot), int(attempt), bool(manual)))
+            out.append(ExpiredRun(job, int(slot), int(attempt), bool(manual),
+                                  None if lease_until is None else int(lease_until)))
         except (TypeError, ValueError):
             corrupt_records.report("table row", job, f"slot {slot!r} attempt {attempt!r}",
                                    "unreadable slot or attempt")

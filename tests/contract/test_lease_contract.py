@@ -348,6 +348,10 @@ async def test_expired_runs_lists_an_orphan_and_not_live_or_finished_runs(
     expired = await lease_backend.expired_runs("job")
     assert [(e.job, e.slot, e.attempt, e.manual) for e in expired] == [
         ("job", orphan.slot, 1, False)]
+    # When the lease ended, by the store's clock: the start of the recovery window.
+    until = expired[0].lease_until_ms
+    assert until is not None
+    assert slot - 1_000 <= until <= await lease_backend.clock_ms()
     # Claiming it, as a recovering instance does, takes it over as attempt 2.
     taken = await lease_backend.claim(req(orphan.slot, "new", overlap=True))
     assert (taken.outcome, taken.attempt) == (ClaimOutcome.WON, 2)

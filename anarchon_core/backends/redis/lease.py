@@ -99,11 +99,13 @@ async def lease_expired(conn: Commands, prefix: str, job: str, limit: int) -> li
     if corrupt:
         _report_states(conn, prefix, job, corrupt)
     out = []
-    for rid, attempt in zip(expired[::2], expired[1::2], strict=True):
+    for rid, attempt, lease in zip(expired[::3], expired[1::3], expired[2::3], strict=True):
         text = str(rid)
         manual = text.startswith("m")
         try:
-            out.append(ExpiredRun(job, int(text[1:] if manual else text), int(attempt), manual))
+            until = int(lease)
+            out.append(ExpiredRun(job, int(text[1:] if manual else text), int(attempt), manual,
+                                  until if until >= 0 else None))
         except ValueError:
             _report_states(conn, prefix, job, [text])
     return out[:limit]

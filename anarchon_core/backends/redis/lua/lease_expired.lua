@@ -1,8 +1,8 @@
 -- anarchon: runs of a job still running whose lease has expired (orphan candidates).
 -- KEYS: state (hash), active (set)
 -- ARGV: limit (runs to return), budget (members of the active set to look at, at most)
--- Returns {{run_id, attempt, ...}, {member, ...}}: the expired runs, then the members whose
--- state is corrupt (reported by the caller, left alone). A member without any state, or
+-- Returns {{run_id, attempt, lease_until, ...}, {member, ...}}: the expired runs, then the
+-- members whose state is corrupt (reported by the caller, left alone). A member without any state, or
 -- whose run has finished, is dropped from the active set (it is not active).
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -27,6 +27,7 @@ repeat
         if not (st.l and tonumber(st.l) and tonumber(st.l) > now) then
           expired[#expired + 1] = id
           expired[#expired + 1] = tostring(st.a)
+          expired[#expired + 1] = tostring(tonumber(st.l) or -1)
         end
       elseif finished[st.s] then
         redis.call('SREM', KEYS[2], id)
@@ -34,7 +35,7 @@ repeat
         corrupt[#corrupt + 1] = id
       end
     end
-    if #expired >= 2 * limit then break end
+    if #expired >= 3 * limit then break end
   end
-until cursor == '0' or #expired >= 2 * limit or seen >= budget
+until cursor == '0' or #expired >= 3 * limit or seen >= budget
 return {expired, corrupt}
