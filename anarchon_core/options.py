@@ -1,20 +1,44 @@
-"""Job options: validation and the defaults that scale with a job's schedule."""
+"""Job and scheduler options: validation, limits, and the defaults that scale with a schedule.
+
+Every value is checked where it is given (registration or construction) against what each
+store and :class:`~datetime.datetime` can hold and against sane bounds, so nothing accepted
+here fails later on a claim. The limits are documented in ``docs/concepts.md``.
+"""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
+from .durations import MAX_DURATION_MS, format_ms, shown
 from .errors import ConfigError
-from .schedules import Schedule
+from .schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
 
-__all__ = ["LEASE_ONLY_OPTIONS", "JobOptions", "default_jitter_ms", "default_max_late_ms"]
+__all__ = [
+    "LEASE_ONLY_OPTIONS", "MAX_ATTEMPTS", "MAX_HISTORY_SIZE", "MAX_LEASE_MS", "MIN_HEARTBEAT_MS",
+    "MIN_LEASE_MS", "JobOptions", "default_jitter_ms", "default_max_late_ms", "smallest_gap_ms",
+    "validate_history", "validate_lease_timings",
+]
 
 LEASE_ONLY_OPTIONS = ("overlap", "max_attempts", "catch_up_ms")
 _ALL_OPTIONS = ("timeout_ms", "jitter_ms", "max_late_ms", *LEASE_ONLY_OPTIONS)
 MAX_JITTER_MS = 1_000
 MAX_LATE_CAP_MS = 60_000
+#: ``max_attempts`` at most this: a run whose runners died a thousand times is not alive.
+MAX_ATTEMPTS = 1_000
+#: ``lease_ms`` bounds: below 100 ms a heartbeat cannot reach a store in time; above a day
+#: a crashed runner would hold its run for longer than any takeover is worth waiting for.
+MIN_LEASE_MS = 100
+MAX_LEASE_MS = 86_400_000
+MIN_HEARTBEAT_MS = 10
+#: ``history_size`` at most this many runs per job.
+MAX_HISTORY_SIZE = 1_000_000
+# How many upcoming slots are searched for the smallest gap between two slots of a cron
+# schedule (besides the slots around every daylight-saving change of the coming year).
+_GAP_SAMPLE = 64
 
 
 def default_jitter_ms(gap_ms: int) -> int:
@@ -27,14 +51,91 @@ def default_max_late_ms(gap_ms: int, jitter_ms: int) -> int:
     return max(jitter_ms + 1_000, min(gap_ms, MAX_LATE_CAP_MS))
 
 
-def _ms(name: str, value: object, *, allow_zero: bool = True) -> int:
+def _ms(name: str, value: object, *, allow_zero: bool = True, minimum: int = 0,
+        maximum: int = MAX_DURATION_MS) -> int:
+    """Whole milliseconds (an int, or a timedelta of whole ms) within the bounds."""
     if isinstance(value, timedelta):
-        value = round(value.total_seconds() * 1000)
+        micros = value // timedelta(microseconds=1)
+        if micros % 1000:
+            raise ConfigError(f"invalid {name} {value!r}: must be whole milliseconds")
+        value = micros // 1000
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"invalid {name} {value!r}: expected whole milliseconds (an int)")
+        raise ConfigError(f"invalid {name} {shown(value)}: expected whole milliseconds (an int)")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"invalid {name} {value!r}: must be {'≥' if allow_zero else '>'} 0")
+    if value < minimum:
+        raise ConfigError(f"invalid {name} {value!r}: must be at least {minimum}")
+    if value > maximum:
+        raise ConfigError(
+            f"invalid {name} {shown(value)}: at most {maximum} ({format_ms(maximum)})")
     return value
+
+
+def _zone_changes(zone: ZoneInfo, start_ms: int, days: int) -> list[int]:
+    """The instants (ms) where ``zone``'s UTC offset changes within ``days`` of ``start_ms``."""
+    day = 86_400_000
+
+    def offset(ms: int) -> timedelta | None:
+        return ms_to_datetime(ms).astimezone(zone).utcoffset()
+
+    changes = []
+    for index in range(days):
+        lo, hi = start_ms + index * day, start_ms + (index + 1) * day
+        if offset(lo) == offset(hi):
+            continue  # zones change at most once a day
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if offset(mid) == offset(lo) else (lo, mid)
+        changes.append(hi)
+    return changes
+
+
+def smallest_gap_ms(schedule: Schedule, around_ms: int) -> int:
+    """The smallest gap between two consecutive slots of ``schedule`` from ``around_ms`` on.
+
+    Exact for ``every``. For cron, the minimum over the next 64 slots and over the slots
+    around every daylight-saving change of the coming year, where a coalesced firing can
+    bring two slots closer than usual (``"59 1,2 * * *"`` in New York: 01:59 and 03:00).
+    """
+    if isinstance(schedule, EverySchedule):
+        return schedule.interval_ms
+    slots = schedule.upcoming(around_ms, _GAP_SAMPLE)
+    gap = min(b - a for a, b in itertools.pairwise(slots))
+    if isinstance(schedule, CronSchedule):
+        for change in _zone_changes(schedule.zone, around_ms, 366):
+            near = [schedule.latest_at_or_before(change - 1), *schedule.upcoming(change - 1, 3)]
+            gap = min(gap, *(b - a for a, b in itertools.pairwise(near)))
+    return gap
+
+
+def _resolution_ms(schedule: Schedule) -> int:
+    """No two slots of ``schedule`` are ever closer than this."""
+    if isinstance(schedule, EverySchedule):
+        return schedule.interval_ms
+    if isinstance(schedule, CronSchedule) and not schedule.with_seconds:
+        return 60_000
+    return 1_000 if isinstance(schedule, CronSchedule) else 1
+
+
+def _check_jitter(schedule: Schedule, jitter: int, *, given: bool, now_ms: int) -> int:
+    """Refuse (or, for the default, shrink) a jitter that reaches the next slot.
+
+    An instance waits up to ``jitter_ms`` after a slot before claiming it and computes
+    its next slot after that wait; a jitter as long as the gap would make it step over
+    the next slot. Refusing is clearer than clamping a value the user chose.
+    """
+    if jitter < _resolution_ms(schedule):
+        return jitter
+    gap = smallest_gap_ms(schedule, now_ms)
+    if jitter < gap:
+        return jitter
+    if not given:
+        return gap // 10
+    raise ConfigError(
+        f"invalid jitter_ms {jitter!r}: must be smaller than the smallest gap between slots "
+        f"of {schedule.describe()!r} ({gap} ms), or an instance would wait past the next "
+        "slot and skip it"
+    )
 
 
 @dataclass(frozen=True)
@@ -42,7 +143,10 @@ class JobOptions:
     """The options of one job, validated, with defaults filled in.
 
     See the table in ``SPEC.md`` §3; ``max_late_ms`` defaults to the gap between slots
-    capped at 60 s (at least ``jitter_ms`` + 1 s).
+    capped at 60 s (at least ``jitter_ms`` + 1 s). Durations are whole milliseconds
+    (an int or a :class:`~datetime.timedelta`) up to :data:`MAX_DURATION_MS` (3650 days);
+    ``jitter_ms`` must be smaller than the smallest gap between the job's slots;
+    ``max_attempts`` is 1 to :data:`MAX_ATTEMPTS`.
     """
 
     timeout_ms: int | None = None
@@ -53,9 +157,12 @@ class JobOptions:
     catch_up_ms: int = 0
 
     @classmethod
-    def build(cls, schedule: Schedule, given: dict[str, Any], *, leases: bool,
+    def build(cls, schedule: Schedule | None, given: dict[str, Any], *, leases: bool,
               now_ms: int) -> JobOptions:
         """Validate the options a user ``given`` for a job and fill in the defaults.
+
+        ``schedule`` is None for a job whose caller decides its timing
+        (``Scheduler.define``): ``jitter_ms`` then defaults to 0 and ``max_late_ms`` to 60 s.
 
         ``leases`` says whether the backend holds leases; lease-only options on a
         claim-only backend are a :class:`ConfigError`.
@@ -63,7 +170,8 @@ class JobOptions:
         unknown = sorted(set(given) - set(_ALL_OPTIONS))
         if unknown:
             raise ConfigError(
-                f"unknown job option(s) {', '.join(unknown)}; valid: {', '.join(_ALL_OPTIONS)}"
+                f"unknown job option(s) {', '.join(map(str, unknown))}; valid: "
+                f"{', '.join(_ALL_OPTIONS)}"
             )
         if not leases:
             lease_only = [name for name in LEASE_ONLY_OPTIONS if name in given]
@@ -72,11 +180,15 @@ class JobOptions:
                     f"option(s) {', '.join(lease_only)} need a lease backend (Redis/Valkey "
                     "strategy 'lease', PostgreSQL, SQLite); this backend only claims"
                 )
-        gap = schedule.typical_gap_ms(now_ms)
+        gap = schedule.typical_gap_ms(now_ms) if schedule is not None else MAX_LATE_CAP_MS
         timeout = given.get("timeout_ms")
         if timeout is not None:
             timeout = _ms("timeout_ms", timeout, allow_zero=False)
-        jitter = _ms("jitter_ms", given.get("jitter_ms", default_jitter_ms(gap)))
+        jitter_given = given.get("jitter_ms") is not None
+        jitter = _ms("jitter_ms", given["jitter_ms"] if jitter_given
+                     else default_jitter_ms(gap) if schedule is not None else 0)
+        if schedule is not None:
+            jitter = _check_jitter(schedule, jitter, given=jitter_given, now_ms=now_ms)
         late_given = given.get("max_late_ms")
         max_late = (
             _ms("max_late_ms", late_given) if late_given is not None
@@ -89,13 +201,50 @@ class JobOptions:
             )
         overlap = given.get("overlap", False)
         if not isinstance(overlap, bool):
-            raise ConfigError(f"invalid overlap {overlap!r}: expected True or False")
+            raise ConfigError(f"invalid overlap {shown(overlap)}: expected True or False")
         attempts = given.get("max_attempts", 3)
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-            raise ConfigError(f"invalid max_attempts {attempts!r}: expected an int ≥ 1")
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or \
+                not 1 <= attempts <= MAX_ATTEMPTS:
+            raise ConfigError(
+                f"invalid max_attempts {shown(attempts)}: expected an int ≥ 1 and ≤ "
+                f"{MAX_ATTEMPTS}")
         catch_up = _ms("catch_up_ms", given.get("catch_up_ms", 0))
         return cls(timeout, jitter, max_late, overlap, attempts, catch_up)
 
     def as_dict(self) -> dict[str, Any]:
         """The options as a plain dict (for :class:`JobInfo`)."""
         return asdict(self)
+
+
+def validate_lease_timings(lease_ms: object, heartbeat_ms: object) -> tuple[int, int]:
+    """Check ``Scheduler(lease_ms=..., heartbeat_ms=...)``; return both, defaults filled in.
+
+    ``lease_ms`` (``None``: 30 s) is 100 ms to 1 day; ``heartbeat_ms`` (``None``: a third
+    of the lease) is at least 10 ms and smaller than the lease. A timedelta works too.
+    """
+    lease = _ms("lease_ms", 30_000 if lease_ms is None else lease_ms, allow_zero=False,
+                minimum=MIN_LEASE_MS, maximum=MAX_LEASE_MS)
+    heartbeat = _ms("heartbeat_ms", lease // 3 if heartbeat_ms is None else heartbeat_ms,
+                    allow_zero=False, minimum=MIN_HEARTBEAT_MS, maximum=MAX_LEASE_MS)
+    if heartbeat >= lease:
+        raise ConfigError(
+            f"invalid heartbeat_ms {heartbeat}: must be smaller than lease_ms ({lease}), "
+            "or every lease expires between two heartbeats"
+        )
+    return lease, heartbeat
+
+
+def validate_history(history_size: object, history_ttl_ms: object) -> tuple[int, int | None]:
+    """Check ``Scheduler(history_size=..., history_ttl_ms=...)``; return both.
+
+    ``history_size`` is 1 to 1,000,000 runs per job; ``history_ttl_ms`` is ``None`` or
+    1 ms to 3650 days.
+    """
+    if isinstance(history_size, bool) or not isinstance(history_size, int) or \
+            not 1 <= history_size <= MAX_HISTORY_SIZE:
+        raise ConfigError(
+            f"invalid history_size {shown(history_size)}: expected an int ≥ 1 and ≤ "
+            f"{MAX_HISTORY_SIZE}")
+    ttl = None if history_ttl_ms is None else _ms("history_ttl_ms", history_ttl_ms,
+                                                   allow_zero=False)
+    return history_size, ttl

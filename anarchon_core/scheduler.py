@@ -34,8 +34,8 @@ from .models import (
     RunPage,
     RunRef,
 )
-from .naming import validate_job_name
-from .options import JobOptions
+from .naming import validate_instance_id, validate_job_name
+from .options import JobOptions, validate_history, validate_lease_timings
 from .schedules import CronSchedule, EverySchedule, Schedule
 from .sync import SyncScheduler
 from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
@@ -113,12 +113,6 @@ def _resolve_backend(backend: Backend | str | None) -> Backend:
     )
 
 
-def _positive_ms(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"invalid {name} {value!r}: expected a positive int of milliseconds")
-    return value
-
-
 class Scheduler:
     """Runs registered jobs; every instance runs the same, and each slot runs once.
 
@@ -156,24 +150,9 @@ class Scheduler:
             )
         if instance_id is None:
             instance_id = f"{socket.gethostname()}:{os.getpid()}"
-        if not isinstance(instance_id, str) or not instance_id.strip():
-            raise ConfigError(f"invalid instance_id {instance_id!r}: expected a non-empty string")
-        self.instance_id = instance_id
-        self.lease_ms = _positive_ms("lease_ms", 30_000 if lease_ms is None else lease_ms)
-        self.heartbeat_ms = _positive_ms(
-            "heartbeat_ms", self.lease_ms // 3 if heartbeat_ms is None else heartbeat_ms
-        )
-        if self.heartbeat_ms >= self.lease_ms:
-            raise ConfigError(
-                f"invalid heartbeat_ms {self.heartbeat_ms}: must be smaller than lease_ms "
-                f"({self.lease_ms}), or every lease expires between two heartbeats"
-            )
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
-            raise ConfigError(f"invalid history_size {history_size!r}: expected an int ≥ 1")
-        self.history_size = history_size
-        self.history_ttl_ms = (
-            None if history_ttl_ms is None else _positive_ms("history_ttl_ms", history_ttl_ms)
-        )
+        self.instance_id = validate_instance_id(instance_id)
+        self.lease_ms, self.heartbeat_ms = validate_lease_timings(lease_ms, heartbeat_ms)
+        self.history_size, self.history_ttl_ms = validate_history(history_size, history_ttl_ms)
         if isinstance(handler_threads, bool) or not isinstance(handler_threads, int) \
                 or not 1 <= handler_threads <= 10_000:
             raise ConfigError(f"invalid handler_threads {handler_threads!r}: expected an int "
@@ -194,6 +173,8 @@ class Scheduler:
         self._clock_moved: asyncio.Event | None = None
         self._threads: HandlerThreads | None = None
         self._orphan_cursor = 0
+        #: The longest a late claim or a catch-up of any job here may ask back (ms).
+        self._keep_ms = 0
         self._closer: asyncio.Future[None] | None = None
         #: Synchronous twins of the coroutine methods, for sync code (see :class:`SyncScheduler`).
         self.sync = SyncScheduler(self)
@@ -279,7 +260,7 @@ class Scheduler:
                 raise ConfigError(
                     f"job {job.name!r} is already registered; remove({job.name!r}) first")
             self._jobs[job.name] = job
-            self._configure_retention()
+            self._configure_retention(job)
             if self._running and not self._stopping:
                 self._on_loop(self._start_job, job)
 
@@ -320,11 +301,12 @@ class Scheduler:
             jobs = list(self._jobs.values())
         return [self._info(j) for j in jobs]
 
-    def _configure_retention(self) -> None:
-        keep = max((max(j.options.max_late_ms, j.options.catch_up_ms) + j.options.jitter_ms
-                    for j in self._jobs.values()), default=0) + _KEEP_MARGIN_MS
+    def _configure_retention(self, job: _Job | None = None) -> None:
+        if job is not None:
+            o = job.options
+            self._keep_ms = max(self._keep_ms, max(o.max_late_ms, o.catch_up_ms) + o.jitter_ms)
         self.backend.configure_retention(Retention(self.history_size, self.history_ttl_ms,
-                                                   keep))
+                                                   self._keep_ms + _KEEP_MARGIN_MS))
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -677,7 +659,8 @@ class Scheduler:
     async def _job_loop(self, job: _Job, schedule: Schedule) -> None:
         last = round(self._now_ms())
         while not self._stopping:
-            slot = schedule.next_after(max(last, round(self._now_ms())))
+            # A wake-up that came late by up to the job's jitter still claims its slot.
+            slot = schedule.next_after(max(last, round(self._now_ms()) - job.options.jitter_ms))
             last = slot
             fire_at = slot + random.uniform(0, job.options.jitter_ms)
             moved = self._clock_moved

@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterError
 
-from .durations import Duration, format_ms, parse_duration_ms
+from .durations import Duration, format_ms, parse_duration_ms, shown
 from .errors import ConfigError
 
 __all__ = ["CronSchedule", "EverySchedule", "Schedule", "ms_to_datetime"]
@@ -33,6 +33,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # Bounds the walk over wall-clock times around a DST change; a 6-field cron firing every
 # second across a 2-hour shift needs 7,200 steps.
 _MAX_STEPS = 20_000
+#: Longest cron expression and time zone name accepted (both far above any real one).
+MAX_EXPRESSION = 200
+MAX_ZONE_NAME = 100
 
 
 def ms_to_datetime(ms: int) -> datetime:
@@ -89,7 +92,8 @@ class EverySchedule(Schedule):
         self.offset_ms = parse_duration_ms(offset, what="offset", allow_zero=True)
         if self.offset_ms >= self.interval_ms:
             raise ConfigError(
-                f"invalid offset {offset!r}: must be smaller than the interval {interval!r}"
+                f"invalid offset {shown(offset)}: must be smaller than the interval "
+                f"{shown(interval)}"
             )
 
     def next_after(self, ms: int) -> int:
@@ -116,32 +120,50 @@ class CronSchedule(Schedule):
 
     def __init__(self, expression: str, tz: str = "UTC") -> None:
         if not isinstance(expression, str) or not expression.strip():
-            raise ConfigError(f"invalid cron expression {expression!r}: expected a string")
+            raise ConfigError(
+                f"invalid cron expression {shown(expression)}: expected a string")
+        if len(expression) > MAX_EXPRESSION or not expression.isprintable():
+            raise ConfigError(
+                f"invalid cron expression {shown(expression)}: expected at most "
+                f"{MAX_EXPRESSION} printable characters")
         self.expression = " ".join(expression.split())
         fields = self.expression.split(" ")
         self._with_seconds = len(fields) == 6
         if not self.expression.startswith("@") and len(fields) not in (5, 6):
             raise ConfigError(
-                f"invalid cron expression {expression!r}: expected 5 fields "
+                f"invalid cron expression {shown(expression)}: expected 5 fields "
                 "(minute hour day month weekday) or 6 with seconds first"
             )
         try:
             croniter(self.expression, datetime(2000, 1, 1), second_at_beginning=True)
-        except (CroniterError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"invalid cron expression {expression!r}: {exc}") from None
-        if not isinstance(tz, str) or not tz:
-            raise ConfigError(f"invalid time zone {tz!r}: expected an IANA name like 'UTC'")
+        except (CroniterError, ValueError, KeyError, TypeError, IndexError,
+                OverflowError) as exc:
+            raise ConfigError(f"invalid cron expression {shown(expression)}: {exc}") from None
+        if not isinstance(tz, str) or not tz or len(tz) > MAX_ZONE_NAME or \
+                not tz.isprintable():
+            raise ConfigError(
+                f"invalid time zone {shown(tz)}: expected an IANA name like 'UTC' or "
+                "'Europe/Athens'")
         try:
             self.zone = ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ConfigError(f"invalid time zone {tz!r}: {exc}") from None
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+            raise ConfigError(f"invalid time zone {shown(tz)}: {exc}") from None
         self.tz = tz
-        try:
-            self.next_after(0)
-        except CroniterError:  # e.g. "0 8 31 2 *": croniter finds no date
-            raise ConfigError(
-                f"invalid cron expression {expression!r}: it never fires"
-            ) from None
+        # Checked from the epoch and from now: what registration accepts, jobs() and the
+        # job loop can compute.
+        now = int(datetime.now(timezone.utc).timestamp() * 1000)
+        for start in (0, now):
+            try:
+                self.next_after(start)
+            except (CroniterError, ValueError, OverflowError):  # e.g. "0 8 31 2 *"
+                raise ConfigError(
+                    f"invalid cron expression {shown(expression)}: it never fires"
+                ) from None
+
+    @property
+    def with_seconds(self) -> bool:
+        """Whether the expression has a leading seconds field (6 fields)."""
+        return self._with_seconds
 
     def describe(self) -> str:
         """Return e.g. ``"cron 0 8 * * * Europe/Athens"``."""

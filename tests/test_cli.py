@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -12,11 +13,25 @@ from pathlib import Path
 
 import pytest
 
+#: The installed console script, next to this interpreter (the entry point users run).
+SCRIPT = str(Path(sys.executable).with_name("anarchon"))
 
-def anarchon(*args: str, cwd: Path | None = None,
-             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "anarchon_core", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, check=False)
+
+def anarchon(*args: str, cwd: Path | None = None, timeout: float = 60,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, check=False, env=env)
+
+
+def one_error_line(out: subprocess.CompletedProcess[str], command: str) -> str:
+    """The failure contract: status ≠ 0, one line on stderr, no traceback, nothing on stdout."""
+    assert out.returncode != 0, out
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"anarchon {command}: error: "), lines[0]
+    assert "Traceback" not in out.stderr
+    assert out.stdout == ""
+    return lines[0]
 
 
 def test_next_prints_iso_times_with_offsets_across_dst() -> None:
@@ -99,3 +114,91 @@ def test_demo_shows_every_slot_once_and_the_takeover() -> None:
     assert slots >= 5
     assert successes >= slots - 2  # the runs cut by the final stop may be unfinished
     assert re.search(r"report\s+#1 \S+ interrupted \(killed\)\s+→\s+#2 \S+ success", out.stdout)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "command", "status", "says"),
+    [(["run", "nonexistent_mod_zz:scheduler"], "run", 2,
+      "no module named 'nonexistent_mod_zz': run anarchon from your project's directory"),
+     (["jobs", "os:missing_attr"], "jobs", 2, "module 'os' has no attribute 'missing_attr'"),
+     (["jobs", "os"], "jobs", 2, "expected module:attribute"),
+     (["jobs", "os:sep"], "jobs", 2, "os:sep is a str, not an anarchon Scheduler"),
+     (["next", "0 8 * * *", "-n", "-1"], "next", 2, "argument -n: expected 1 to 10000, got -1"),
+     (["next", "0 8 * * *", "-n", "0"], "next", 2, "expected 1 to 10000, got 0"),
+     (["next", "0 8 * * *", "-n", "many"], "next", 2, "expected a whole number, got 'many'"),
+     (["next", "0 8 * * 9"], "next", 2, "invalid cron expression '0 8 * * 9'"),
+     (["next", "0 8 * *"], "next", 2, "expected 5 fields"),
+     (["next", "0 8 * * *", "--tz", "Mars/Olympus"], "next", 2,
+      "invalid time zone 'Mars/Olympus'"),
+     (["history", "tick", "--backend", "postgres://[::1"], "history", 2,
+      "invalid backend URL 'postgres://[::1'"),
+     (["history", "tick", "--backend", "redis://127.0.0.1/abc"], "history", 2,
+      "the path '/abc' is not a database number"),
+     (["history", "tick", "--backend", "redis://127.0.0.1/0?foo=bar"], "history", 2,
+      "unknown parameter 'foo'"),
+     (["history", "tick", "--backend", "mysql://127.0.0.1/db"], "history", 2,
+      "unknown backend URL scheme 'mysql'"),
+     (["history", "tick", "--backend", "sqlite:///x.db", "--limit", "0"], "history", 2,
+      "argument --limit"),
+     (["demo", "--instances", "0"], "demo", 2, "argument --instances"),
+     (["demo", "--seconds", "nan"], "demo", 2, "argument --seconds")],
+)
+def test_every_failure_is_one_line_with_a_non_zero_status(
+        tmp_path: Path, args: list[str], command: str, status: int, says: str) -> None:
+    out = anarchon(*args, cwd=tmp_path)
+    line = one_error_line(out, command)
+    assert out.returncode == status
+    assert says in line
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["redis://app:{pw}@127.0.0.1:{port}/0", "postgresql://app:{pw}@127.0.0.1:{port}/test",
+     "amqp://app:{pw}@127.0.0.1:{port}/"],
+)
+def test_history_against_a_closed_port(template: str) -> None:
+    password = "Cl1Secret%2Fx"
+    url = template.format(pw=password, port=_closed_port())
+    out = anarchon("history", "tick", "--backend", url, "--timeout", "20")
+    line = one_error_line(out, "history")
+    assert out.returncode == 1
+    assert "Cl1Secret" not in out.stderr
+    assert "***@127.0.0.1" in line  # the store is named, the password masked
+    assert line.endswith("(--traceback for details)")
+
+
+def test_errors_in_the_users_module_are_one_line(tmp_path: Path) -> None:
+    (tmp_path / "badjobs.py").write_text(textwrap.dedent(f"""
+        from anarchon_core import Scheduler
+        scheduler = Scheduler("sqlite:///{tmp_path}/x.db")
+        scheduler.every("sync", "10x", print)
+    """))
+    (tmp_path / "brokenimport.py").write_text("import not_installed_dependency_zz\n")
+    (tmp_path / "factory.py").write_text("def make():\n    raise RuntimeError('no config')\n")
+    out = anarchon("jobs", "badjobs:scheduler", cwd=tmp_path)
+    assert "importing 'badjobs' failed: invalid interval '10x'" in one_error_line(out, "jobs")
+    assert out.returncode == 2
+    out = anarchon("run", "brokenimport:scheduler", cwd=tmp_path)
+    line = one_error_line(out, "run")
+    assert "importing 'brokenimport' failed: ModuleNotFoundError" in line
+    assert "not_installed_dependency_zz" in line
+    out = anarchon("jobs", "factory:make", cwd=tmp_path)
+    assert "calling factory:make() failed: RuntimeError: no config" in one_error_line(out, "jobs")
+
+
+def test_traceback_flag_shows_the_rest(tmp_path: Path) -> None:
+    for flags in (["--traceback"], ["-v"]):
+        out = anarchon(*flags, "jobs", "os:missing_attr", cwd=tmp_path)
+        assert out.returncode == 2
+        assert "Traceback (most recent call last)" in out.stderr
+        assert out.stderr.rstrip().splitlines()[-1] == \
+            "anarchon jobs: error: module 'os' has no attribute 'missing_attr'"
+    out = anarchon("next", "61 * * * *", "--traceback")  # after the command works too
+    assert "Traceback" in out.stderr
+    assert "ConfigError: invalid cron expression '61 * * * *'" in out.stderr

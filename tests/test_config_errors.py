@@ -28,6 +28,14 @@ from anarchon_core import (
     backend_from_url,
 )
 from anarchon_core.backends.sqlite import SqliteBackend
+from anarchon_core.durations import MAX_DURATION_MS
+from anarchon_core.naming import validate_instance_id
+from anarchon_core.options import (
+    MAX_HISTORY_SIZE,
+    MAX_LEASE_MS,
+    validate_history,
+    validate_lease_timings,
+)
 
 
 class ClaimOnly(ClaimOnlyBackend):
@@ -123,14 +131,27 @@ def test_valid_schedules_register(scheduler: Scheduler) -> None:
 @pytest.mark.parametrize(
     ("name", "reason"),
     [("", "non-empty string"), ("   ", "non-empty string"), (None, "non-empty string"),
-     (42, "non-empty string"), ("x" * 201, "longer than 200"),
+     (42, "non-empty string"), ("x" * 70, None), ("\x00", "NUL character"),
+     ("a\x00b", "NUL character at position 1"), ("x\ud800", "lone surrogate"),
+     ("zero\u200bwidth", "invisible character"), ("line\u2028sep", "invisible character"),
      ("a\nb", "no control characters"), ("tab\there", "no control characters"),
      (" padded", "surrounding spaces"), ("padded ", "surrounding spaces")],
 )
-def test_bad_job_names(scheduler: Scheduler, name: Any, reason: str) -> None:
+def test_bad_job_names(scheduler: Scheduler, name: Any, reason: str | None) -> None:
+    if reason is None:
+        scheduler.every(name, "10s", handler)
+        return
     with raises(f"invalid job name {name!r}") as info:
         scheduler.every(name, "10s", handler)
     assert reason in str(info.value)
+    assert scheduler.jobs() == []
+
+
+def test_overlong_job_name_is_refused_with_its_length(scheduler: Scheduler) -> None:
+    with raises("invalid job name 'xxxxxxxx") as info:
+        scheduler.every("x" * 10_000, "10s", handler)
+    assert "10000 characters, longer than 200" in str(info.value)
+    assert len(str(info.value)) < 200  # the value is named, not pasted whole
 
 
 def test_good_job_names(scheduler: Scheduler) -> None:
@@ -367,3 +388,150 @@ def test_store_format_error() -> None:
     assert (error.found, error.supported) == (7, 1)
     assert str(error).startswith("ANARCHON_STORE_FORMAT: the store has format 7")
     assert "reads up to 1" in str(error)
+
+
+# ------------------------------------------------------------------ accepted, then broken later
+
+
+@pytest.mark.parametrize(
+    ("interval", "offset", "message"),
+    [("99999999999999999999d", 0, "invalid interval '99999999999999999999d': at most 3650d"),
+     ("9" * 300 + "s", 0, "invalid interval '9999"),
+     (10**30, 0, "invalid interval 1000000000000000000000000000000: at most 3650d"),
+     (1e300, 0, "invalid interval 1e+300: at most"),
+     (timedelta.max, 0, "at most 3650d"),
+     ("3651d", 0, "invalid interval '3651d': at most 3650d (315360000000 ms)"),
+     ("1d", 10**20, "invalid offset 100000000000000000000: at most")],
+)
+def test_intervals_and_offsets_beyond_what_datetimes_hold(
+        scheduler: Scheduler, interval: Any, offset: Any, message: str) -> None:
+    with raises(message):
+        scheduler.every("x", interval, handler, offset=offset)
+    assert scheduler.jobs() == []
+
+
+def test_the_longest_interval_still_works(scheduler: Scheduler) -> None:
+    scheduler.every("decade", "3650d", handler, offset="3649d")
+    (info,) = scheduler.jobs()
+    assert info.next_run_at.year < 2100
+    assert info.next_slot % 86_400_000 == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("timeout_ms", 10**20, "invalid timeout_ms 100000000000000000000: at most 315360000000"),
+     ("jitter_ms", 10**20, "invalid jitter_ms 100000000000000000000: at most"),
+     ("max_late_ms", 10**20, "invalid max_late_ms 100000000000000000000: at most"),
+     ("catch_up_ms", 10**20, "invalid catch_up_ms 100000000000000000000: at most"),
+     ("max_attempts", 10**20, "invalid max_attempts 100000000000000000000: expected an int"),
+     ("max_attempts", 1001, "≤ 1000"),
+     ("timeout_ms", timedelta(microseconds=1500), "must be whole milliseconds")],
+)
+def test_option_values_beyond_the_limits(scheduler: Scheduler, option: str, value: Any,
+                                         message: str) -> None:
+    with raises(message):
+        scheduler.every("x", "1d", handler, **{option: value})
+    assert scheduler.jobs() == []
+
+
+@pytest.mark.parametrize(
+    ("register", "message"),
+    [(lambda s: s.every("x", "10s", handler, jitter_ms=10_000, max_late_ms=20_000),
+      "invalid jitter_ms 10000: must be smaller than the smallest gap between slots of "
+      "'every 10s' (10000 ms)"),
+     (lambda s: s.every("x", "500ms", handler, jitter_ms=600, max_late_ms=2_000),
+      "invalid jitter_ms 600"),
+     (lambda s: s.cron("x", "*/5 * * * *", handler, jitter_ms=300_000, max_late_ms=400_000),
+      "(300000 ms)"),
+     (lambda s: s.cron("x", "0 0,1 * * *", handler, jitter_ms=3_600_000,
+                       max_late_ms=4_000_000), "(3600000 ms)"),
+     # Daylight saving brings 01:59 and the coalesced 02:59 (= 03:00) one minute apart.
+     (lambda s: s.cron("x", "59 1,2 * * *", handler, tz="America/New_York",
+                       jitter_ms=120_000, max_late_ms=200_000), "(60000 ms)")],
+)
+def test_jitter_that_reaches_the_next_slot_is_refused(scheduler: Scheduler, register: Any,
+                                                      message: str) -> None:
+    with raises(message) as info:
+        register(scheduler)
+    assert "skip" in str(info.value)
+    assert scheduler.jobs() == []
+
+
+def test_jitter_just_below_the_gap_is_accepted(scheduler: Scheduler) -> None:
+    scheduler.every("x", "10s", handler, jitter_ms=9_999, max_late_ms=10_000)
+    scheduler.cron("y", "59 1,2 * * *", handler, tz="America/New_York", jitter_ms=59_999)
+    assert [j.options["jitter_ms"] for j in scheduler.jobs()] == [9_999, 59_999]
+
+
+def test_default_jitter_never_reaches_the_next_slot(scheduler: Scheduler) -> None:
+    # 6 fields in New York: at the spring change 01:59:59 and the coalesced 02:00:30
+    # (= 03:00:00) are 1 s apart, closer than any two slots of an ordinary day.
+    scheduler.cron("y", "59,30 59,0 1,2 * * *", handler, tz="America/New_York")
+    (info,) = scheduler.jobs()
+    assert 0 < info.options["jitter_ms"] < 1_000
+
+
+@pytest.mark.parametrize(
+    ("lease", "heartbeat", "message"),
+    [(10**20, None, "invalid lease_ms 100000000000000000000: at most 86400000 (1d)"),
+     (86_400_001, None, "invalid lease_ms 86400001: at most 86400000"),
+     (50, None, "invalid lease_ms 50: must be at least 100"),
+     (0, None, "invalid lease_ms 0: must be > 0"),
+     ("30s", None, "invalid lease_ms '30s': expected whole milliseconds"),
+     (True, None, "invalid lease_ms True"),
+     (1_000, 5, "invalid heartbeat_ms 5: must be at least 10"),
+     (1_000, 10**20, "invalid heartbeat_ms 100000000000000000000: at most"),
+     (1_000, 1_000, "invalid heartbeat_ms 1000: must be smaller than lease_ms (1000)")],
+)
+def test_lease_timing_limits(lease: Any, heartbeat: Any, message: str) -> None:
+    with raises(message):
+        validate_lease_timings(lease, heartbeat)
+
+
+def test_lease_timing_defaults_and_timedeltas() -> None:
+    assert validate_lease_timings(None, None) == (30_000, 10_000)
+    assert validate_lease_timings(timedelta(seconds=3), 1_000) == (3_000, 1_000)
+    assert validate_lease_timings(MAX_LEASE_MS, None) == (MAX_LEASE_MS, MAX_LEASE_MS // 3)
+
+
+@pytest.mark.parametrize(
+    ("size", "ttl", "message"),
+    [(10**20, None, "invalid history_size 100000000000000000000: expected an int ≥ 1 and ≤ "
+      "1000000"), (0, None, "invalid history_size 0"), (10, 10**20, "invalid history_ttl_ms"),
+     (10, 0, "invalid history_ttl_ms 0: must be > 0")],
+)
+def test_history_limits(size: Any, ttl: Any, message: str) -> None:
+    with raises(message):
+        validate_history(size, ttl)
+    assert validate_history(MAX_HISTORY_SIZE, MAX_DURATION_MS) == (MAX_HISTORY_SIZE,
+                                                                   MAX_DURATION_MS)
+
+
+@pytest.mark.parametrize(
+    ("instance_id", "message"),
+    [("host\x00:1", "invalid instance_id 'host\\x00:1': a NUL character at position 4"),
+     ("host\n1", "control or invisible character '\\n'"), ("h\ud800", "lone surrogate"),
+     ("x" * 201, "201 characters, longer than 200"), (" host:1", "no surrounding spaces"),
+     ("", "expected a non-empty string"), (None, "expected a non-empty string")],
+)
+def test_instance_id_limits(instance_id: Any, message: str) -> None:
+    with raises(message):
+        validate_instance_id(instance_id)
+    assert validate_instance_id("web-1.example.com:4242") == "web-1.example.com:4242"
+    assert validate_instance_id("κόμβος:7") == "κόμβος:7"
+
+
+@pytest.mark.parametrize(
+    ("expression", "tz", "message"),
+    [("* " * 150, "UTC", "expected at most 200 printable characters"),
+     ("0 8 * * *\x00", "UTC", "printable"),
+     ("0 8 * * *", "UTC\x00", "invalid time zone 'UTC\\x00'"),
+     ("0 8 * * *", "A" * 5_000, "invalid time zone 'AAAA"),
+     ("0 8 * * *", "Europe", "invalid time zone 'Europe'"),
+     ("0 8 * * *", "/etc/passwd", "invalid time zone '/etc/passwd'")],
+)
+def test_cron_strings_no_store_or_zoneinfo_can_take(scheduler: Scheduler, expression: str,
+                                                    tz: str, message: str) -> None:
+    with raises(message):
+        scheduler.cron("x", expression, handler, tz=tz)
+    assert scheduler.jobs() == []

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from anarchon_core.durations import format_ms, parse_duration_ms
+from anarchon_core.durations import MAX_DURATION_MS, format_ms, parse_duration_ms
 from anarchon_core.errors import ConfigError
 
 
@@ -94,3 +94,32 @@ def test_format_ms_round_trips(ms: int, text: str) -> None:
     assert format_ms(ms) == text
     if ms:
         assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["99999999999999999999d", "9" * 60 + "ms", 10**30, 1e300, 3_650 * 86_400 + 1,
+     timedelta.max, "3651d", "3650d1ms", "522w"],
+)
+def test_durations_beyond_the_limit_are_refused_before_any_overflow(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"invalid interval .*(at most 3650d|expected)"):
+        parse_duration_ms(value, what="interval")
+
+
+def test_the_limit_itself_and_exact_decimals() -> None:
+    assert parse_duration_ms("3650d") == MAX_DURATION_MS == 315_360_000_000
+    assert parse_duration_ms(timedelta(days=3650)) == MAX_DURATION_MS
+    assert parse_duration_ms("0.1s") == 100  # exact: no float rounding on strings
+    assert parse_duration_ms("0.001s") == 1
+    with pytest.raises(ConfigError, match="whole number of milliseconds"):
+        parse_duration_ms("1.0001s")
+    assert parse_duration_ms("2s", maximum=5_000) == 2_000
+    with pytest.raises(ConfigError, match=r"invalid lease '6s': at most 5s \(5000 ms\)"):
+        parse_duration_ms("6s", what="lease", maximum=5_000)
+
+
+def test_long_values_are_named_but_cut_in_messages() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration_ms("1s" * 1000, what="interval")
+    assert str(info.value).startswith("invalid interval '1s1s1s")
+    assert len(str(info.value)) < 250

@@ -1,36 +1,114 @@
-"""``anarchon``: demo, run, jobs, history and next."""
+"""``anarchon``: demo, run, jobs, history and next.
+
+Every failure ends with a non-zero exit status and one line on stderr saying what to fix
+(``anarchon <command>: error: ...``): 2 for a usage or configuration error, 1 when a store
+or the user's code failed, 130 on Ctrl-C. ``--traceback`` (or ``-v``) prints the full
+traceback too, and the log lines that the one-line mode keeps quiet.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
+import logging
+import math
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from zoneinfo import ZoneInfo
+from typing import Any, NoReturn
 
-from ..errors import AnarchonError
+from ..errors import AnarchonError, ConfigError
 from ..models import Run
 from ..scheduler import Scheduler
 from ..schedules import CronSchedule, ms_to_datetime
-from ..url import backend_from_url
+from ..url import backend_from_url, redact
 
-__all__ = ["build_parser", "main"]
+__all__ = ["CliError", "build_parser", "load_scheduler", "main"]
+
+#: Most slots ``anarchon next`` prints, and most runs ``anarchon history`` reads.
+MAX_COUNT = 10_000
+_MAX_MESSAGE = 600
+
+
+class CliError(AnarchonError):
+    """A command-line failure whose message says what to fix (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``anarchon next: error: ...``), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_COUNT}, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0 or value > 86_400:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0 to 86400, "
+                                         f"got {text!r}")
+    return value
+
+
+def _instances(text: str) -> int:
+    value = _count(text)
+    if value > 32:
+        raise argparse.ArgumentTypeError(f"expected 1 to 32 instances, got {value}")
+    return value
 
 
 def load_scheduler(target: str) -> Scheduler:
-    """Import ``module:attribute``; the attribute is a Scheduler or returns one."""
+    """Import ``module:attribute``; the attribute is a Scheduler or returns one.
+
+    Raises :class:`CliError` saying what is wrong: no such module, an error while
+    importing it (with the exception), no such attribute, or not a Scheduler.
+    """
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise AnarchonError(f"expected module:scheduler, got {target!r}")
-    sys.path.insert(0, os.getcwd())
-    obj = getattr(importlib.import_module(module_name), attr)
+        raise CliError(f"expected module:attribute (e.g. myapp.jobs:scheduler), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise CliError(
+                f"no module named {missing!r}: run anarchon from your project's directory "
+                "or add it to PYTHONPATH") from exc
+        raise CliError(f"importing {module_name!r} failed: {_one_line(exc)}") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise CliError(f"importing {module_name!r} failed: {_one_line(exc)}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CliError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
     if callable(obj) and not isinstance(obj, Scheduler):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise CliError(f"calling {target}() failed: {_one_line(exc)}") from exc
     if not isinstance(obj, Scheduler):
-        raise AnarchonError(f"{target} is a {type(obj).__name__}, not an anarchon Scheduler")
+        raise CliError(f"{target} is a {type(obj).__name__}, not an anarchon Scheduler")
     return obj
 
 
@@ -64,14 +142,24 @@ def cmd_history(args: argparse.Namespace) -> int:
     """Print a job's history from a store."""
     url = args.backend or os.environ.get("ANARCHON_URL")
     if not url:
-        raise AnarchonError("give --backend URL (or set ANARCHON_URL)")
-    reader = Scheduler(backend_from_url(url))
+        raise CliError("give --backend URL (or set ANARCHON_URL)")
+    backend = backend_from_url(url)
+    reader = Scheduler(backend)
 
     async def read() -> list[Run]:
         try:
-            return await reader.history(args.job, args.limit)
+            return await asyncio.wait_for(reader.history(args.job, args.limit), args.timeout)
+        except asyncio.TimeoutError:
+            raise AnarchonError(f"no answer from {backend.describe()} within {args.timeout:g} s "
+                                "(is the store up? --timeout sets the limit)") from None
+        except AnarchonError:
+            raise  # the store's own errors already name the backend
+        except Exception as exc:
+            raise AnarchonError(f"cannot read history from {backend.describe()}: "
+                                f"{_one_line(exc)}") from exc
         finally:
-            await reader.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader.stop(), 5)
 
     runs = asyncio.run(read())
     print(format_history(runs) if runs else f"no history for {args.job!r}")
@@ -82,9 +170,8 @@ def cmd_next(args: argparse.Namespace) -> int:
     """Print the next slots of a cron expression, one ISO 8601 time per line."""
     schedule = CronSchedule(args.expression, args.tz)
     now = round(datetime.now(timezone.utc).timestamp() * 1000)
-    zone = ZoneInfo(args.tz)
     for slot in schedule.upcoming(now, args.n):
-        print(ms_to_datetime(slot).astimezone(zone).isoformat())
+        print(ms_to_datetime(slot).astimezone(schedule.zone).isoformat())
     return 0
 
 
@@ -92,51 +179,87 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Several instances, one killed mid-run: every slot runs once."""
     from .demo import run_demo  # noqa: PLC0415 - spawns processes; load only when asked
 
+    if args.backend is not None:
+        backend_from_url(args.backend)  # a bad URL fails here, in one line
     return run_demo(backend=args.backend, instances=args.instances, seconds=args.seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also reused by framework commands)."""
-    parser = argparse.ArgumentParser(
-        prog="anarchon", description="Distributed cron: every instance runs, each slot once.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    common = _Parser(add_help=False)
+    common.add_argument("--traceback", "-v", action="store_true", default=argparse.SUPPRESS,
+                        help="on failure, print the full traceback and debug logs")
+    parser = _Parser(
+        prog="anarchon", parents=[common],
+        description="Distributed cron: every instance runs, each slot once.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    demo = sub.add_parser("demo", help="several instances, one killed mid-run")
+    demo = sub.add_parser("demo", parents=[common],
+                          help="several instances, one killed mid-run")
     demo.add_argument("--backend", help="store URL (default: a temporary SQLite file)")
-    demo.add_argument("--instances", type=int, default=3)
-    demo.add_argument("--seconds", type=float, default=20.0)
+    demo.add_argument("--instances", type=_instances, default=3)
+    demo.add_argument("--seconds", type=_seconds, default=20.0)
     demo.set_defaults(func=cmd_demo)
 
-    run = sub.add_parser("run", help="run module:scheduler until SIGINT/SIGTERM")
+    run = sub.add_parser("run", parents=[common],
+                         help="run module:scheduler until SIGINT/SIGTERM")
     run.add_argument("target", help="module:attribute of a Scheduler")
     run.set_defaults(func=cmd_run)
 
-    jobs = sub.add_parser("jobs", help="list the jobs of module:scheduler")
-    jobs.add_argument("target")
+    jobs = sub.add_parser("jobs", parents=[common], help="list the jobs of module:scheduler")
+    jobs.add_argument("target", help="module:attribute of a Scheduler")
     jobs.set_defaults(func=cmd_jobs)
 
-    history = sub.add_parser("history", help="show a job's runs, newest first")
+    history = sub.add_parser("history", parents=[common],
+                             help="show a job's runs, newest first")
     history.add_argument("job")
     history.add_argument("--backend", help="store URL (default: $ANARCHON_URL)")
-    history.add_argument("--limit", type=int, default=20)
+    history.add_argument("--limit", type=_count, default=20)
+    history.add_argument("--timeout", type=_seconds, default=30.0,
+                         help="seconds to wait for the store (default 30)")
     history.set_defaults(func=cmd_history)
 
-    nxt = sub.add_parser("next", help="the next times of a cron expression")
+    nxt = sub.add_parser("next", parents=[common], help="the next times of a cron expression")
     nxt.add_argument("expression")
     nxt.add_argument("--tz", default="UTC")
-    nxt.add_argument("-n", type=int, default=5)
+    nxt.add_argument("-n", type=_count, default=5, help=f"how many (1 to {MAX_COUNT})")
     nxt.set_defaults(func=cmd_next)
     return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its type (unless it is ours) and message, secrets masked."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    if not isinstance(exc, AnarchonError):
+        text = f"{type(exc).__name__}: {text}"
+    text = redact(text, os.environ.get("ANARCHON_URL", ""))
+    return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE - 3] + "..."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``anarchon`` console script."""
     args = build_parser().parse_args(argv)
+    verbose = bool(getattr(args, "traceback", False))
+    if args.command == "run" or verbose:
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    else:
+        # The error line says what failed; drivers' and retry log lines would only repeat
+        # it (and a driver's may show more than it should).
+        logging.disable(logging.CRITICAL)
     try:
         code: int = args.func(args)
-    except AnarchonError as exc:
-        print(f"anarchon: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line
+        if verbose:
+            traceback.print_exc()
+        message = _one_line(exc)
+        if getattr(args, "backend", None):
+            message = redact(message, args.backend)
+        hint = "" if verbose else " (--traceback for details)"
+        print(f"anarchon {args.command}: error: {message}{hint}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError | CliError) else 1
     return code
 
 

@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
 from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
 from ...errors import ConfigError, StoreError
@@ -43,6 +43,8 @@ _SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": 
 #: The lease the timeouts of anarchon's own connection fit when no scheduler said
 #: (:func:`own_timeouts`).
 DEFAULT_LEASE_MS = 30_000
+#: Connections anarchon's own standalone client opens at most; callers beyond wait for one.
+POOL_SIZE = 32
 
 
 def own_timeouts(lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
@@ -325,7 +327,17 @@ def open_client(target: str | Mapping[str, Any], *, cluster: bool = False,
     """
     cls: Any = RedisCluster if cluster else Redis
     defaults = own_timeouts(lease_ms)
-    if isinstance(target, str):
+    if isinstance(target, str) and not cluster:
+        # Many calls due at one instant wait for one of POOL_SIZE connections instead of
+        # failing with "Too many connections" (redis-py's default pool raises past its size).
+        given = {k for k, _ in parse_qsl(urlsplit(target).query)}
+        pool = BlockingConnectionPool.from_url(
+            target, **{k: v for k, v in {**defaults, "max_connections": POOL_SIZE,
+                                         "timeout": defaults["socket_timeout"]}.items()
+                       if k not in given})
+        client = Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True
+    elif isinstance(target, str):
         given = {k for k, _ in parse_qsl(urlsplit(target).query)}
         client = cls.from_url(target, **{k: v for k, v in defaults.items() if k not in given})
     else:
