@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import os
 import random
@@ -71,7 +73,8 @@ class _Job:
     schedule: Schedule | None
     handler: Handler | None
     options: JobOptions
-    loop_task: asyncio.Task[None] | None = None
+    #: Bumped to invalidate the job's pending timer entry (re-armed or stopped).
+    generation: int = 0
     watching: set[tuple[int, bool]] = field(default_factory=set)
 
 
@@ -170,7 +173,11 @@ class Scheduler:
         self._running = False
         self._stopping = False
         self._clock_offset_ms = 0.0
-        self._clock_moved: asyncio.Event | None = None
+        #: One timer for every job: (fire at, store-clock ms; sequence; generation; slot; job).
+        self._timers: list[tuple[float, int, int, int, _Job]] = []
+        self._timer_seq = itertools.count()
+        self._timer_wake: asyncio.Event | None = None
+        self._clock_moved = False
         self._threads: HandlerThreads | None = None
         self._orphan_cursor = 0
         #: The longest a late claim or a catch-up of any job here may ask back (ms).
@@ -270,9 +277,7 @@ class Scheduler:
             job = self._jobs.pop(name, None)
         if job is None:
             return False
-        if job.loop_task is not None:
-            task, job.loop_task = job.loop_task, None
-            self._on_loop(task.cancel)
+        job.generation += 1  # its timer entry is dropped when it comes up
         return True
 
     def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -329,7 +334,7 @@ class Scheduler:
         self._configure_retention()
         await sharing.acquire(self.backend, self)
         self._loop = loop
-        self._clock_moved = asyncio.Event()
+        self._timer_wake = asyncio.Event()
         await self._refresh_clock()
 
     async def start(self) -> None:
@@ -339,7 +344,9 @@ class Scheduler:
         await self._open_backend()
         self._running, self._stopping = True, False
         self._threads = HandlerThreads(self.handler_threads)
+        self._timers.clear()
         self._spawn(self._clock_loop())
+        self._spawn(self._timer_loop())
         if self.backend.supports_leases:
             self._spawn(self._orphan_loop())
         with self._jobs_lock:
@@ -363,11 +370,7 @@ class Scheduler:
             return
         grace = (self.stop_grace_ms if grace_ms is None else grace_ms) / 1000
         self._stopping = True
-        with self._jobs_lock:
-            for job in self._jobs.values():
-                if job.loop_task is not None:
-                    job.loop_task.cancel()
-                    job.loop_task = None
+        self._timers.clear()
         attempts = list(self._attempts)
         attempt_tasks = {a.task for a in attempts if a.task is not None}
         for task in self._tasks - attempt_tasks:
@@ -612,9 +615,9 @@ class Scheduler:
         offset = min(samples)[1]
         jumped = abs(offset - self._clock_offset_ms) >= _CLOCK_JUMP_MS
         self._clock_offset_ms = offset
-        if jumped and self._clock_moved is not None:
-            moved, self._clock_moved = self._clock_moved, asyncio.Event()
-            moved.set()  # wakes every job loop to recompute its next slot
+        if jumped and self._timer_wake is not None:
+            self._clock_moved = True  # the timer recomputes every job's next slot
+            self._timer_wake.set()
         if abs(self._clock_offset_ms) > 1_000:
             log.warning("this instance's clock is %.0f ms off the store's; scheduling by "
                         "the store's clock", -self._clock_offset_ms)
@@ -647,31 +650,60 @@ class Scheduler:
         return task
 
     def _start_job(self, job: _Job) -> None:
-        if job.handler is None or job.schedule is None or job.loop_task is not None:
+        if job.handler is None or job.schedule is None:
             return
         if self._jobs.get(job.name) is not job or not self._running or self._stopping:
             return
-        job.loop_task = asyncio.ensure_future(self._job_loop(job, job.schedule))
-        job.loop_task.add_done_callback(_log_crash)
+        job.generation += 1
+        self._arm(job, job.schedule, round(self._now_ms()))
         if job.options.catch_up_ms and self.backend.supports_leases:
             self._spawn(self._catch_up(job, job.schedule))
 
-    async def _job_loop(self, job: _Job, schedule: Schedule) -> None:
-        last = round(self._now_ms())
+    def _arm(self, job: _Job, schedule: Schedule, after_ms: int) -> None:
+        """Put the job's first slot after ``after_ms`` on the timer, with fresh jitter."""
+        slot = schedule.next_after(after_ms)
+        fire_at = slot + random.uniform(0, job.options.jitter_ms)
+        entry = (fire_at, next(self._timer_seq), job.generation, slot, job)
+        heapq.heappush(self._timers, entry)
+        if self._timers[0] is entry and self._timer_wake is not None:
+            self._timer_wake.set()
+
+    async def _timer_loop(self) -> None:
+        """The one timer: claims each job's slots as they come (a heap, not a task per job).
+
+        Slots are computed on the store's clock; when it is re-measured and has moved,
+        every job's next slot is computed again.
+        """
+        wake = self._timer_wake
+        assert wake is not None
         while not self._stopping:
-            # A wake-up that came late by up to the job's jitter still claims its slot.
-            slot = schedule.next_after(max(last, round(self._now_ms()) - job.options.jitter_ms))
-            last = slot
-            fire_at = slot + random.uniform(0, job.options.jitter_ms)
-            moved = self._clock_moved
-            assert moved is not None
-            while (wait := fire_at - self._now_ms()) > 0 and not moved.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(moved.wait(), min(wait / 1000, _MAX_SLEEP_S))
-            if moved.is_set():
-                last = round(self._now_ms())  # our clock was corrected: recompute the slot
-                continue
-            self._spawn(self._claim_and_handle(job, slot))
+            if self._clock_moved:
+                self._clock_moved = False
+                self._rearm_all()
+            now = self._now_ms()
+            timers = self._timers
+            while timers and timers[0][0] <= now:
+                _, _, generation, slot, job = heapq.heappop(timers)
+                if generation != job.generation or self._jobs.get(job.name) is not job:
+                    continue  # removed or re-armed since
+                assert job.schedule is not None
+                self._spawn(self._claim_and_handle(job, slot))
+                # A wake-up late by up to the job's jitter still claims its next slot.
+                self._arm(job, job.schedule, max(slot, round(now) - job.options.jitter_ms))
+            wait_s = min((timers[0][0] - now) / 1000, _MAX_SLEEP_S) if timers else _MAX_SLEEP_S
+            wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), max(0.0, wait_s))
+
+    def _rearm_all(self) -> None:
+        now = round(self._now_ms())
+        self._timers.clear()
+        with self._jobs_lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            if job.handler is not None and job.schedule is not None:
+                job.generation += 1
+                self._arm(job, job.schedule, now)
 
     async def _catch_up(self, job: _Job, schedule: Schedule) -> None:
         now = self._now_ms()

@@ -103,6 +103,12 @@ SMOKES: list[Smoke] = [
         Expect(r"^RabbitMQ "),
         *table("confirmed publish (floor)", ["claim, won", "claim, taken"]),
     ], stores=("rabbitmq",), args=lambda: ["--only", "rabbitmq", "--amqp", dedicated_amqp()]),
+    Smoke("scale", "bench.scale", [
+        Expect(r"^\| store \| CPU s/min per instance \| lateness p50 / p99 / max \(ms\) \|"),
+        *(Expect(rf"^\| {store} \| {_NUM} \| {_NUM} / {_NUM} / {_NUM} \| \d+ \| "
+                 rf"\d+ / \d+ \| 0 \| \d+ \|$") for store in ("redis", "postgres")),
+        Expect(r"^\| register s \| start s \| idle CPU s/min \| bytes per job \|$"),
+    ], stores=("redis", "postgres")),
     Smoke("nats", "bench.claims_brokers", [
         Expect(r"^NATS JetStream "),
         *table("JetStream publish (floor)", ["claim, won", "claim, taken"]),

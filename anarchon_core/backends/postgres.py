@@ -532,8 +532,24 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
     return result
 
 
+#: Connections anarchon opens itself per backend: claims of different jobs due at one
+#: instant go out in parallel instead of queueing behind one connection.
+OWN_CONNECTIONS = 4
+
+
+class _Slot:
+    """One of anarchon's own connections, used by one transaction at a time."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.lock = asyncio.Lock()
+
+
 class _OwnedConnection:
-    """One connection anarchon opens from a conninfo, re-opens after a drop, and closes."""
+    """anarchon's own connections from a conninfo: opened as work asks, reopened after a drop.
+
+    Up to :data:`OWN_CONNECTIONS` of them, each used by one transaction at a time.
+    """
 
     def __init__(self, conninfo: str, settings: dict[str, str]) -> None:
         params = check_postgres_conninfo(conninfo, conninfo_to_dict)
@@ -545,8 +561,8 @@ class _OwnedConnection:
         self.timeouts = _Timeouts.for_lease(_DEFAULT_LEASE_MS, 0)
         self.tune(_DEFAULT_LEASE_MS)
         self.lease_ms = None
-        self.conn: psycopg.AsyncConnection[Any] | None = None
-        self.lock = asyncio.Lock()
+        self.slots = [_Slot() for _ in range(OWN_CONNECTIONS)]
+        self._turn = 0
 
     def tune(self, lease_ms: int) -> None:
         """Fit the timeouts to ``lease_ms`` (the shortest lease asked for wins)."""
@@ -597,11 +613,23 @@ class _OwnedConnection:
         logger.debug("connected to %s", self.describe())
         return conn
 
+    def _pick(self) -> _Slot:
+        # An idle open connection first, then one to open, then the next in turn.
+        idle = [s for s in self.slots if not s.lock.locked()]
+        for slot in idle:
+            if slot.conn is not None and not slot.conn.closed:
+                return slot
+        if idle:
+            return idle[0]
+        self._turn = (self._turn + 1) % len(self.slots)
+        return self.slots[self._turn]
+
     async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
-        async with self.lock:
-            if self.conn is None or self.conn.closed:
-                self.conn = await self._connect()
-            conn = self.conn
+        slot = self._pick()
+        async with slot.lock:
+            if slot.conn is None or slot.conn.closed:
+                slot.conn = await self._connect()
+            conn = slot.conn
             try:
                 limit = self.timeouts.transaction_s
                 try:
@@ -614,15 +642,16 @@ class _OwnedConnection:
                 # Dropped, or interrupted mid-transaction (cancelled): start afresh.
                 if conn.broken or conn.closed or \
                         conn.info.transaction_status != TransactionStatus.IDLE:
-                    self.conn = None
+                    slot.conn = None
                     await conn.close()
                 raise
 
     async def close(self) -> None:
-        async with self.lock:
-            conn, self.conn = self.conn, None
-            if conn is not None:
-                await conn.close()
+        for slot in self.slots:
+            async with slot.lock:
+                conn, slot.conn = slot.conn, None
+                if conn is not None:
+                    await conn.close()
 
 
 class _UserAsyncConnection:
