@@ -22,6 +22,7 @@ from .support.procs import (
     now_ms,
     read_history,
     start_instances,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -34,15 +35,6 @@ def store_url(request: pytest.FixtureRequest, store_handles: Callable[[str], Sto
     assert handle.url is not None
     return handle.url(namespace)
 
-
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def first(entries: list[LedgerEntry], job: str, event: str, attempt: int = 1

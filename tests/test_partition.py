@@ -25,6 +25,7 @@ from .support.procs import (
     assert_no_concurrent_execution,
     read_history,
     start_instances,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -45,15 +46,6 @@ def through(url: str, proxy: FreezableProxy) -> str:
     return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2
                                      else host))
 
-
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def entry(entries: list[LedgerEntry], event: str, attempt: int) -> LedgerEntry | None:

@@ -23,6 +23,7 @@ from .support.procs import (
     now_ms,
     read_history,
     start_instances,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -33,15 +34,6 @@ def url_of(store: tuple[StoreSpec, StoreHandle], namespace: str) -> str:
     assert handle.url is not None
     return handle.url(namespace)
 
-
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def started(cluster: Cluster, job: str, attempt: int = 1) -> LedgerEntry | None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from anarchon_core import Run, Scheduler, backend_from_url
 from anarchon_core.cli.fleet import (
@@ -26,10 +28,12 @@ from anarchon_core.cli.fleet import (
     start_instances,
 )
 
+T = TypeVar("T")
+
 __all__ = ["Cluster", "Instance", "JobSpec", "LedgerEntry", "OnceReport", "assert_exactly_once",
            "assert_no_concurrent_execution",
            "check_every_slot_runs_once", "grid_slots", "now_ms", "read_history", "read_ledger",
-           "start_instances"]
+           "start_instances", "wait_for"]
 
 
 def read_history(url: str, job: str, limit: int = 10_000) -> list[Run]:
@@ -89,6 +93,17 @@ def assert_exactly_once(entries: list[LedgerEntry], job: str, *,
         assert window, f"{job}: no slot ran between {lo} and {hi}"
         slots = window
     return OnceReport(slots, successes, ends, takeovers)
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def grid_slots(interval_ms: int, lo: int, hi: int) -> list[int]:
