@@ -29,6 +29,19 @@ What it counts, per job (slots are the job's scheduled times, ms since the epoch
   tolerance) would mean a live lease was broken and fails the run.
 * **missed**: due slots with no record at all, with the reason: the store was down
   during their claim window, no instance was alive and unpaused, or unexplained.
+* **overlap**: two executions of one slot (different tokens) whose handler code ran at
+  the same time: from one's ``start`` line to its ``exit`` line (written when the code
+  returned, however it ended) or the death of its process, by the monotonic clock. Excused
+  only when the earlier runner was frozen by SIGSTOP meanwhile (a zombie cannot be told
+  it lost its lease; shown apart). Must be 0. **slot overlap** counts the same across
+  slots of one job (``overlap=False`` jobs): shown.
+* **faults**: the faults the run requested and how often each was applied. A requested
+  fault never applied, or one that could not be set up, fails the run unless it was
+  waived (``--allow-missing-fault``); faults that cannot apply to the backend are listed
+  with the reason.
+* With a Redis Cluster without replica acknowledgement, a duplicate success, a lost run or
+  an overlap of a slot claimed around a failover is the measured cost of asynchronous
+  replication: counted as **failover loss**, not failed.
 * Clock checks: the shift each skewed instance's ledger shows (``time_ms`` against its
   monotonic stamp, which libfaketime leaves alone); handlers that began before their slot
   (**early**), and first attempts that began later than ``max_late_ms`` after it, both by
@@ -49,7 +62,7 @@ from typing import Any
 
 from anarchon_core.cli.fleet import LedgerEntry, read_ledger
 
-from .faults import FaultEvent, FaultLog
+from .faults import FAULTS, FaultEvent, FaultLog
 
 __all__ = ["BackendReport", "JobReport", "check_run", "format_report", "format_summary",
            "main"]
@@ -111,6 +124,10 @@ class JobReport:
     ended_unrecorded: list[str] = field(default_factory=list)
     early_starts: list[str] = field(default_factory=list)
     late_starts: list[str] = field(default_factory=list)
+    overlaps: list[str] = field(default_factory=list)
+    zombie_overlaps: list[str] = field(default_factory=list)
+    slot_overlaps: list[str] = field(default_factory=list)
+    failover_loss: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +144,9 @@ class BackendReport:
     skew: list[str]
     skew_problems: list[str]
     command: str
+    fault_lines: list[str] = field(default_factory=list)
+    fault_problems: list[str] = field(default_factory=list)
+    failovers: int = 0
 
     def total(self, name: str) -> int:
         """Sum of a count (int attribute or list length) over the jobs."""
@@ -146,7 +166,9 @@ class BackendReport:
             out += [f"{j.name}: lost run {d}" for d in j.lost]
             out += [f"{j.name}: fenced side effect after takeover {d}" for d in j.fenced_effects]
             out += [f"{j.name}: takeover before lease expiry {d}" for d in j.early_takeovers]
+            out += [f"{j.name}: two attempts ran at once {d}" for d in j.overlaps]
         out += self.skew_problems
+        out += self.fault_problems
         return out
 
 
@@ -199,9 +221,15 @@ def check_run(workdir: Path) -> BackendReport:
     lease_ms: int = meta.get("lease_ms") or 0
     heartbeat_ms: int = meta.get("heartbeat_ms") or 0
     begin, end = meta["window"]
-    store_down = _intervals(events, "store_down", "store_up").get(None, [])
+    # A shard failing over is its store down (for missed slots and takeover judging):
+    # heartbeats not yet replicated are gone, so a lease may end before fault + lease.
+    store_down = (_intervals(events, "store_down", "store_up").get(None, [])
+                  + _intervals(events, "failover", "promoted").get(None, []))
     paused = _intervals(events, "pause", "resume", pid=True)
     lifetimes = _lifetimes(events)
+    deaths = _deaths(events)
+    failovers = [e for e in events if e.kind == "failover"]
+    tolerate = bool(meta.get("tolerate_failover_loss"))
 
     jobs = []
     for spec in meta["jobs"]:
@@ -218,14 +246,132 @@ def check_run(workdir: Path) -> BackendReport:
             store_down=store_down, paused=paused, lifetimes=lifetimes,
             history_complete=meta.get("history_complete", True),
         ))
+        if meta.get("exit_lines"):
+            _check_overlaps(jobs[-1], entries, deaths=deaths, paused=paused, clock=clock)
+        if tolerate:
+            _move_failover_loss(jobs[-1], history, entries, failovers, lease_ms)
     skew, skew_problems = _check_skew(events, ledger, clock, meta.get("skew", False))
-    faults = Counter(e.kind for e in events
-                     if e.kind in ("kill", "pause", "stop", "store_down", "skew_step"))
+    faults = _fault_counts(events)
+    fault_lines, fault_problems = _check_faults(meta, faults)
     return BackendReport(
         backend=meta["backend"], seed=meta["seed"], leases=leases, seconds=meta["seconds"],
         jobs=jobs, faults=faults, notes=meta.get("notes", []), skew=skew,
         skew_problems=skew_problems, command=meta.get("command", ""),
+        fault_lines=fault_lines, fault_problems=fault_problems, failovers=len(failovers),
     )
+
+
+def _fault_counts(events: list[FaultEvent]) -> Counter[str]:
+    """How often each fault of :data:`FAULTS` was applied."""
+    kinds = {kind: name for name, evs in FAULTS.items() for kind in evs}
+    out: Counter[str] = Counter()
+    for e in events:
+        name = kinds.get(e.kind)
+        if name == "skew" and e.detail.get("skew_ms") is None:
+            continue
+        if name is not None:
+            out[name] += 1
+    return out
+
+
+def _check_faults(meta: dict[str, Any], counts: Counter[str]) -> tuple[list[str], list[str]]:
+    """The verdict's fault lines, and the problems (requested faults not applied)."""
+    plan = meta.get("fault_plan")
+    if plan is None:  # a run saved before fault plans existed
+        return ["faults applied: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                + " (no fault plan saved: requested faults not checked)"], []
+    allowed = set(plan.get("allow_missing", []))
+    lines = ["faults requested: " + (", ".join(plan["requested"]) or "none"),
+             "faults applied: " + (", ".join(f"{f} {counts[f]}" for f in plan["requested"]
+                                             if counts[f]) or "none")]
+    problems = [f"fault problem: {p}" for p in meta.get("fault_problems", [])]
+    for fault in plan["requested"]:
+        if counts[fault]:
+            continue
+        why = plan["unavailable"].get(fault, "never applied during the run (too short?)")
+        if fault in allowed:
+            lines.append(f"fault waived (--allow-missing-fault {fault}): {fault} not applied: "
+                         f"{why}")
+        else:
+            problems.append(f"requested fault {fault!r} not applied: {why} (waive it "
+                            f"explicitly with --allow-missing-fault {fault})")
+    for fault, why in plan.get("opted_out", {}).items():
+        lines.append(f"fault opted out: {fault} ({why})")
+    for fault, why in plan.get("not_applicable", {}).items():
+        lines.append(f"fault not applicable: {fault}: {why}")
+    if meta.get("store"):
+        starts = meta.get('server_starts', 0)
+        lines.append(f"store: {meta['store']}" + (f"; started {starts} times" if starts else ""))
+    return lines, problems
+
+
+def _deaths(events: list[FaultEvent]) -> dict[int, int]:
+    """Each PID's end (monotonic ns): its SIGKILL, or when the harness saw it exit."""
+    out: dict[int, int] = {}
+    for e in events:
+        if e.pid is not None and e.kind in ("kill", "exited") and e.pid not in out:
+            out[e.pid] = e.mono_ns
+    return out
+
+
+def _check_overlaps(report: JobReport, entries: list[LedgerEntry], *, deaths: dict[int, int],
+                    paused: dict[int | None, list[tuple[float, float]]],
+                    clock: _Clock) -> None:
+    """Executions of this job whose code ran at the same time (same slot, or any slot)."""
+    runs: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if not e.mono_ns:
+            continue
+        run = runs.setdefault(e.token, {"slot": e.slot, "attempt": e.attempt, "pid": e.pid,
+                                        "start": None, "exit": None})
+        if e.event == "start":
+            run["start"] = e.mono_ns if run["start"] is None else min(run["start"], e.mono_ns)
+        elif e.event == "exit":
+            run["exit"] = e.mono_ns
+    spans = []
+    for token, r in runs.items():
+        if r["start"] is None:
+            continue
+        stop = r["exit"] if r["exit"] is not None else deaths.get(r["pid"], 2**63)
+        spans.append((r["start"], stop, token, r))
+    spans.sort()
+    for i, (a0, a1, _, a) in enumerate(spans):
+        for b0, _b1, _, b in spans[i + 1:]:
+            if b0 >= a1:
+                continue
+            ran_on = "until its process ended" if a["exit"] is None else "after"
+            line = (f"slot {a['slot']} attempt {a['attempt']} (pid {a['pid']}) still ran "
+                    f"{(a1 - b0) / 1e6:.0f} ms {ran_on} slot {b['slot']} attempt "
+                    f"{b['attempt']} (pid {b['pid']}) began")
+            zombie = _overlaps(paused.get(a["pid"], []), clock.wall(a0), clock.wall(b0))
+            if a["slot"] != b["slot"]:
+                report.slot_overlaps.append(line)
+            elif zombie:
+                report.zombie_overlaps.append(line + " (its process was SIGSTOPped)")
+            else:
+                report.overlaps.append(line)
+
+
+def _move_failover_loss(report: JobReport, history: list[HistoryRun],
+                        entries: list[LedgerEntry], failovers: list[FaultEvent],
+                        lease_ms: int) -> None:
+    """Duplicates, losses and overlaps of slots claimed around a failover: measured apart."""
+    if not failovers:
+        return
+    near = max(10_000, 4 * lease_ms)
+
+    def around(slot: int) -> bool:
+        return any(abs(f.wall_ms - slot) <= near for f in failovers)
+
+    for name in ("dup_success", "lost", "overlaps"):
+        kept = []
+        for line in getattr(report, name):
+            slot = int(line.split("slot ", 1)[1].split()[0].rstrip(":"))
+            if around(slot):
+                report.failover_loss.append(f"{name.replace('_', ' ')}: {line}")
+            else:
+                kept.append(line)
+        setattr(report, name, kept)
 
 
 def _lifetimes(events: list[FaultEvent]) -> dict[int, tuple[float, float]]:
@@ -257,7 +403,8 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
     starts: dict[int, list[LedgerEntry]] = defaultdict(list)
     ends: dict[int, list[LedgerEntry]] = defaultdict(list)
     for e in entries:
-        (starts if e.event == "start" else ends)[e.slot].append(e)
+        if e.event in ("start", "end"):
+            (starts if e.event == "start" else ends)[e.slot].append(e)
 
     due = _grid(interval, spec.get("offset_ms", 0), *window)
     report.due = len(due)
@@ -412,7 +559,7 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             continue
         pid = prev.pid
         faults = [e for e in events if e.pid == pid and e.pid is not None
-                  and e.kind in ("kill", "pause", "stop") and e.wall_ms <= taken]
+                  and e.kind in ("kill", "pause", "stop", "partition") and e.wall_ms <= taken]
         if "handed over" in (prev.error or "") or (faults and faults[-1].kind == "stop"):
             report.takeover_causes["hand-over (SIGTERM)"] += 1
             if faults and faults[-1].kind == "stop":
@@ -442,7 +589,7 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
         # reach it: its lease could end before fault + lease, so no delay is judged.
         lo = prev.started_ms if prev.started_ms is not None else taken - 60_000
         if fault_window_store_down or _overlaps(store_down, lo, taken):
-            report.takeover_causes["store restart"] += 1
+            report.takeover_causes["store restart or failover"] += 1
         else:
             report.takeover_causes["other (heartbeats late: CPU or store latency)"] += 1
 
@@ -506,19 +653,20 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-HEADER = ["job", "due", "run", "success", "dup success", "fenced after takeover",
+HEADER = ["job", "due", "run", "success", "dup success", "overlap", "fenced after takeover",
           "lost", "abandoned", "takeovers", "delay ms med/max", "failed", "interrupted",
-          "skipped", "missed", "early"]
+          "skipped", "missed", "early", "failover loss"]
 
 
 def _job_row(j: JobReport) -> list[str]:
     return [
         j.name, str(j.due), str(j.run), str(j.successes), str(len(j.dup_success)),
+        f"{len(j.overlaps)} (+{len(j.zombie_overlaps)} zombie)",
         f"{len(j.fenced_effects)} end / {len(j.fenced_starts)} start",
         str(len(j.lost)), str(j.abandoned), str(j.takeovers),
         _fmt_delays(j.takeover_delays_ms), str(sum(j.failed.values())),
         str(j.interrupted), str(sum(j.skipped.values())), str(sum(j.missed.values())),
-        str(len(j.early_starts)),
+        str(len(j.early_starts)), str(len(j.failover_loss)),
     ]
 
 
@@ -533,7 +681,8 @@ def format_report(report: BackendReport) -> str:
         for attr in ("due", "run", "successes", "abandoned", "takeovers", "interrupted"):
             setattr(total, attr, getattr(total, attr) + getattr(j, attr))
         for attr in ("dup_success", "fenced_effects", "fenced_starts", "lost",
-                     "takeover_delays_ms", "early_starts"):
+                     "takeover_delays_ms", "early_starts", "overlaps", "zombie_overlaps",
+                     "failover_loss"):
             getattr(total, attr).extend(getattr(j, attr))
         total.failed.update(j.failed)
         total.skipped.update(j.skipped)
@@ -555,6 +704,12 @@ def format_report(report: BackendReport) -> str:
             (f"{j.name} LOST", j.lost),
             (f"{j.name} FENCED SIDE EFFECT AFTER TAKEOVER", j.fenced_effects),
             (f"{j.name} TAKEOVER BEFORE LEASE EXPIRY", j.early_takeovers),
+            (f"{j.name} TWO ATTEMPTS RAN AT ONCE", j.overlaps),
+            (f"{j.name} a SIGSTOPped runner ran on after a takeover (zombie)",
+             j.zombie_overlaps),
+            (f"{j.name} slots of the job ran at the same time", j.slot_overlaps),
+            (f"{j.name} failover loss (asynchronous replication, measured)",
+             j.failover_loss),
             (f"{j.name} fenced start after takeover (zombie woke up; stopped at its "
              "first lease check)", j.fenced_starts),
             (f"{j.name} began before its slot (real time)", j.early_starts),
@@ -578,6 +733,15 @@ def format_report(report: BackendReport) -> str:
             out += [f"  {line}" for line in items[:15]]
             if len(items) > 15:
                 out.append(f"  ... and {len(items) - 15} more")
+    out += report.fault_lines
+    if report.failovers:
+        loss = sum(len(j.failover_loss) for j in report.jobs)
+        dups = sum(1 for j in report.jobs for x in j.failover_loss
+                   if x.startswith("dup success"))
+        out.append(f"failovers {report.failovers}: duplicate successes after a failover "
+                   f"{dups} ({dups / report.failovers:.2f} per failover), all failover "
+                   f"losses {loss}")
+    out += [f"FAULT NOT APPLIED: {p}" for p in report.fault_problems]
     out += report.skew
     out += [f"SKEW NOT APPLIED: {p}" for p in report.skew_problems]
     out += [f"note: {n}" for n in report.notes]
@@ -591,17 +755,19 @@ def format_report(report: BackendReport) -> str:
 
 def format_summary(reports: list[BackendReport]) -> str:
     """One row per backend."""
-    header = ["backend", "kind", "seed", "seconds", "due", "run", "success", "dup success",
-              "fenced end/start", "lost", "takeovers", "delay ms med/max", "early", "result"]
+    header = ["backend", "kind", "seed", "seconds", "faults applied", "due", "run", "success",
+              "dup success", "overlap", "fenced end/start", "lost", "takeovers",
+              "delay ms med/max", "early", "failover loss", "result"]
     rows = []
     for r in reports:
         rows.append([
             r.backend, "lease" if r.leases else "claim", str(r.seed), f"{r.seconds:.0f}",
+            " ".join(f"{k}:{v}" for k, v in sorted(r.faults.items())),
             str(r.total("due")), str(r.total("run")), str(r.total("successes")),
-            str(r.total("dup_success")),
+            str(r.total("dup_success")), str(r.total("overlaps")),
             f"{r.total('fenced_effects')}/{r.total('fenced_starts')}", str(r.total("lost")),
             str(r.total("takeovers")), _fmt_delays(r.delays), str(r.total("early_starts")),
-            "PASS" if not r.failures() else "FAIL",
+            str(r.total("failover_loss")), "PASS" if not r.failures() else "FAIL",
         ])
     return _table(header, rows)
 

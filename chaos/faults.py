@@ -14,6 +14,16 @@ Faults:
 * ``restart``: stop the dedicated store server (crash where its durability allows it),
   keep it down a moment, start it again on the same port and data.
 * ``skew_step``: change the wall-clock shift of a skewed instance while it runs.
+* ``partition``: freeze the TCP proxy between one instance and the store for 1–3 leases
+  (:mod:`chaos.proxy`): its connections stay open but nothing goes through, while the
+  store stays reachable for the others; then thaw it.
+* ``failover``: on a Redis Cluster, kill one primary (or ask its replica to take over with
+  ``CLUSTER FAILOVER``) and wait for the replica's promotion (in a thread, so the other
+  faults keep their timing).
+
+Every fault a run requests is applied at least once when the run lasts long enough:
+:meth:`Chaos.inject` picks a requested fault that has not been applied yet whenever one
+is possible, and only then draws by weight.
 
 Slow handlers that hit ``timeout_ms`` are part of the job mix (see :mod:`chaos.run`), and
 clock skew is set when an instance starts: with libfaketime preloaded (``LD_PRELOAD`` and a
@@ -27,8 +37,11 @@ import heapq
 import importlib.util
 import json
 import logging
+import os
 import random
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,9 +50,23 @@ from typing import Any
 
 from anarchon_core.cli.fleet import Cluster, Instance
 
-from .servers import StoreServer
+from .proxy import FreezableProxy
+from .servers import RedisClusterServer, StoreServer
 
-__all__ = ["Chaos", "FaultEvent", "FaultLog", "FaultProfile", "faketime_library"]
+__all__ = ["FAULTS", "Chaos", "ChaosCluster", "FaultEvent", "FaultLog", "FaultProfile",
+           "faketime_library"]
+
+#: Every fault a profile can ask for, and the fault-log events that count as applying it.
+FAULTS: dict[str, tuple[str, ...]] = {
+    "kill": ("kill",),
+    "pause": ("pause",),
+    "stop": ("stop",),
+    "restart": ("store_down",),
+    "skew": ("spawn",),  # counted only for instances spawned with a shifted clock
+    "skew_step": ("skew_step",),
+    "partition": ("partition",),
+    "failover": ("failover",),
+}
 
 log = logging.getLogger("anarchon.chaos")
 
@@ -71,9 +98,9 @@ class FaultLog:
         self.events: list[FaultEvent] = []
 
     def add(self, kind: str, pid: int | None = None, **detail: Any) -> FaultEvent:
-        """Record an action happening now."""
+        """Record an action happening now (safe from the failover thread too)."""
         event = FaultEvent(kind, time.time() * 1000, time.monotonic_ns(), pid, detail)
-        self.events.append(event)
+        self.events.append(event)  # list.append is atomic
         log.info("fault %s pid=%s %s", kind, pid, detail or "")
         return event
 
@@ -95,10 +122,15 @@ class FaultProfile:
     #: Relative weights of the faults (those not possible on a run are dropped).
     weights: tuple[tuple[str, float], ...] = (
         ("kill", 3), ("pause", 3), ("stop", 1), ("restart", 1.5), ("skew_step", 1),
+        ("partition", 2.5), ("failover", 2),
     )
     #: SIGSTOP length, as multiples of the lease (above 1: the lease expires).
     pause_leases: tuple[float, float] = (1.3, 3.0)
     restart_down_s: tuple[float, float] = (0.3, 3.0)
+    #: How long a partition lasts, as multiples of the lease.
+    partition_leases: tuple[float, float] = (1.0, 3.0)
+    #: Share of failovers made by SIGKILL of the primary (the rest: CLUSTER FAILOVER).
+    failover_kill_ratio: float = 0.75
     respawn_s: tuple[float, float] = (0.3, 2.5)
     #: Share of new instances started with a shifted clock, and the largest shift.
     skew_ratio: float = 0.5
@@ -107,17 +139,52 @@ class FaultProfile:
     min_healthy: int = 2
 
 
-class Chaos:
-    """Injects faults into ``cluster`` until a deadline; every action goes to ``faults``."""
+class ChaosCluster(Cluster):
+    """A fleet whose instances may each reach the store by a URL of their own (a proxy)."""
 
-    def __init__(self, cluster: Cluster, rng: random.Random, profile: FaultProfile, *,
+    def command(self, url: str | None = None) -> list[str]:
+        """The instance command line, with ``url`` as its backend when given."""
+        cmd = super().command()
+        if url is not None:
+            cmd[cmd.index("--backend") + 1] = url
+        return cmd
+
+    def add(self, env: dict[str, str] | None = None, url: str | None = None) -> Instance:
+        """Start one more instance (through ``url`` when given)."""
+        log_path = self.ledger_dir / f"instance-{len(self.instances)}.log"
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                self.command(url), stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env, **(env or {})}, stdin=subprocess.DEVNULL,
+            )
+        instance = Instance(proc, self.ledger_dir, log_path)
+        self.instances.append(instance)
+        return instance
+
+
+class Chaos:
+    """Injects faults into ``cluster`` until a deadline; every action goes to ``faults``.
+
+    ``requested`` names the faults this run applies (see :data:`FAULTS`); ``proxy_for``,
+    when given, makes a proxy for each new instance and returns it with the instance's
+    URL through it (the ``partition`` fault needs it).
+    """
+
+    def __init__(self, cluster: ChaosCluster, rng: random.Random, profile: FaultProfile, *,
                  lease_ms: int | None, server: StoreServer | None, skew: bool,
-                 workdir: Path, faults: FaultLog) -> None:
+                 workdir: Path, faults: FaultLog, requested: frozenset[str] | None = None,
+                 proxy_for: Callable[[], tuple[FreezableProxy, str]] | None = None) -> None:
         self.cluster = cluster
         self.rng = rng
         self.profile = profile
         self.lease_ms = lease_ms
         self.server = server
+        self.requested = frozenset(FAULTS) if requested is None else requested
+        self.proxy_for = proxy_for
+        self.proxies: dict[int, FreezableProxy] = {}
+        self.partitioned: set[int] = set()
+        self.problems: list[str] = []
+        self._failover: threading.Thread | None = None
         self.faketime = faketime_library() if skew else None
         if skew and self.faketime is None:
             raise RuntimeError("clock skew needs the libfaketime package "
@@ -153,16 +220,21 @@ class Chaos:
                     "FAKETIME_DONT_FAKE_MONOTONIC": "1",
                     "DONT_FAKE_MONOTONIC": "1",
                 }
-        instance = self.cluster.add(env=env)
+        proxy, url = self.proxy_for() if self.proxy_for is not None else (None, None)
+        instance = self.cluster.add(env=env, url=url)
+        if proxy is not None:
+            self.proxies[instance.pid] = proxy
         if file is not None:
             self.skew_files[instance.pid] = file
         self.faults.add("spawn", instance.pid,
-                        skew_ms=None if skew_s is None else round(skew_s * 1000))
+                        skew_ms=None if skew_s is None else round(skew_s * 1000),
+                        proxy_port=proxy.port if proxy is not None else None)
         return instance
 
     def healthy(self) -> list[Instance]:
-        """Instances alive and not paused."""
-        return [i for i in self.cluster.instances if i.alive and i.pid not in self.paused]
+        """Instances alive, not paused and not cut off from the store."""
+        return [i for i in self.cluster.instances
+                if i.alive and i.pid not in self.paused and i.pid not in self.partitioned]
 
     def _later(self, delay_s: float, action: Callable[[], None]) -> None:
         self._seq += 1
@@ -183,8 +255,16 @@ class Chaos:
         spare = len(self.healthy()) > self.profile.min_healthy
         options = []
         for kind, weight in self.profile.weights:
-            if (kind in ("kill", "pause", "stop") and not spare) or \
-                    (kind == "restart" and (self.server is None or self.store_down)):
+            if kind not in self.requested:
+                continue
+            if (kind in ("kill", "pause", "stop", "partition") and not spare) or \
+                    (kind == "restart" and (self.server is None or self.store_down
+                                            or isinstance(self.server, RedisClusterServer))):
+                continue
+            if kind == "partition" and not any(i.pid in self.proxies for i in self.healthy()):
+                continue
+            if kind == "failover" and (not isinstance(self.server, RedisClusterServer)
+                                       or self._failover is not None):
                 continue
             if kind == "skew_step" and not any(
                     i.alive and i.pid in self.skew_files for i in self.cluster.instances):
@@ -198,7 +278,9 @@ class Chaos:
         if not options:
             return None
         kinds, weights = zip(*options, strict=True)
-        kind: str = self.rng.choices(kinds, weights)[0]
+        # A requested fault not applied yet goes first, so every one is exercised.
+        fresh = [k for k in kinds if not self.counts.get(k)]
+        kind: str = self.rng.choice(fresh) if fresh else self.rng.choices(kinds, weights)[0]
         getattr(self, f"_fault_{kind}")()
         self.counts[kind] = self.counts.get(kind, 0) + 1
         return kind
@@ -256,6 +338,45 @@ class Chaos:
 
         self._later(down, up)
 
+    def _fault_partition(self) -> None:
+        victim = self.rng.choice([i for i in self.healthy() if i.pid in self.proxies])
+        proxy = self.proxies[victim.pid]
+        lease_s = (self.lease_ms or 2_000) / 1000
+        length = self.rng.uniform(*self.profile.partition_leases) * lease_s
+        self.faults.add("partition", victim.pid, seconds=round(length, 3),
+                        proxy_port=proxy.port)
+        proxy.freeze()
+        self.partitioned.add(victim.pid)
+
+        def heal() -> None:
+            if victim.pid in self.partitioned:
+                self.partitioned.discard(victim.pid)
+                proxy.thaw()
+                self.faults.add("heal", victim.pid)
+
+        self._later(length, heal)
+
+    def _fault_failover(self) -> None:
+        server = self.server
+        assert isinstance(server, RedisClusterServer)
+        kill = self.rng.random() < self.profile.failover_kill_ratio
+        pick = random.Random(self.rng.random())
+        self.faults.add("failover", None, kill=kill)
+
+        def run() -> None:
+            try:
+                detail = server.failover(pick, kill=kill)
+                self.faults.add("promoted", None, **detail)
+            except Exception as exc:  # noqa: BLE001 - reported: the fault did not happen
+                self.problems.append(f"failover did not complete: {exc}")
+                self.faults.add("failover_error", None, error=str(exc)[:500])
+            finally:
+                self._failover = None
+
+        self._failover = threading.Thread(target=run, name="anarchon-chaos-failover",
+                                          daemon=True)
+        self._failover.start()
+
     def _fault_skew_step(self) -> None:
         victim = self.rng.choice([i for i in self.cluster.instances
                                   if i.alive and i.pid in self.skew_files])
@@ -265,15 +386,26 @@ class Chaos:
 
     # ------------------------------------------------------------ driving
 
-    def run(self, seconds: float) -> None:
-        """Inject faults at random gaps for ``seconds``; respawns and resumes run on time."""
+    def missing(self) -> set[str]:
+        """Requested faults not applied yet (clock skew at start counts by its spawns)."""
+        return set(self.requested) - set(self.counts) - {"skew"}
+
+    def run(self, seconds: float, cover_s: float = 30.0) -> None:
+        """Inject faults at random gaps for ``seconds``; respawns and resumes run on time.
+
+        If a requested fault has not been applied by then, go on for up to ``cover_s``
+        more seconds, a fault every 0.5–1 s, until each one has been: a short run still
+        applies every fault it asked for (or the verdict says which it did not).
+        """
         deadline = time.monotonic() + seconds
+        hard = deadline + cover_s
         next_fault = time.monotonic() + self.rng.uniform(*self.profile.gap_s)
-        while (now := time.monotonic()) < deadline:
+        while (now := time.monotonic()) < deadline or (now < hard and self.missing()):
             self._run_timers()
             if now >= next_fault:
                 self.inject()
-                next_fault = now + self.rng.uniform(*self.profile.gap_s)
+                gap = self.profile.gap_s if now < deadline else (0.5, 1.0)
+                next_fault = now + self.rng.uniform(*gap)
             self._reap()
             time.sleep(0.02)
 
@@ -282,10 +414,26 @@ class Chaos:
             if not i.alive and not getattr(i, "_reaped", False):
                 i._reaped = True  # type: ignore[attr-defined]
                 self.faults.add("exited", i.pid, code=i.proc.returncode)
+                proxy = self.proxies.pop(i.pid, None)
+                self.partitioned.discard(i.pid)
+                if proxy is not None:
+                    proxy.stop()
+
+    def close(self) -> None:
+        """Wait for a failover in progress; stop every proxy."""
+        thread = self._failover
+        if thread is not None:
+            thread.join(RedisClusterServer.PROMOTION_TIMEOUT_S * 2 + 10)
+        for proxy in self.proxies.values():
+            proxy.stop()
+        self.proxies.clear()
 
     def settle(self) -> None:
         """End the chaos: run pending timers now (resumes, store start, respawns)."""
         self._run_timers(until=float("inf"))
+        thread = self._failover
+        if thread is not None:
+            thread.join(RedisClusterServer.PROMOTION_TIMEOUT_S * 2 + 10)
         for i in self.cluster.instances:
             if i.pid in self.paused:
                 self.paused.discard(i.pid)

@@ -2,8 +2,10 @@
 
 ::
 
-    python -m chaos.run --backend sqlite|redis|valkey|postgres|rabbitmq|nats|URL
+    python -m chaos.run --backend sqlite|redis|valkey|postgres|rabbitmq|nats|
+                                  redis-cluster|redis-cluster-acks|URL
                         --seconds 60 --instances 5 --seed 1234 --profile short|long
+                        [--allow-missing-fault NAME ...]
 
 It prints the seed first (a run is reproduced by passing the same ``--seed``: the same
 faults are drawn in the same order, though their exact timing against the slots depends
@@ -13,9 +15,20 @@ clock shift that did not apply.
 
 Stores: ``redis``, ``valkey``, ``postgres`` and ``nats`` get a dedicated server on a free
 port (the store-restart fault needs one); ``sqlite`` a file in the run's directory;
-``rabbitmq`` starts a dedicated RabbitMQ node (restarted like the others); a URL is used as
-given, with a fresh namespace added (no restart fault). ``redis-script`` and
-``redis-stream-id`` run the claim-only Redis strategies on a dedicated redis-server.
+``rabbitmq`` starts a dedicated RabbitMQ node; ``redis-cluster`` a local Redis Cluster of 3
+primaries and 3 replicas (the failover fault), ``redis-cluster-acks`` the same with
+``min_replicas_acks=1``; a URL is used as given, with a fresh namespace added.
+``redis-script`` and ``redis-stream-id`` run the claim-only Redis strategies on a dedicated
+redis-server. A run never falls back to a shared service: a dedicated store that cannot
+start ends the run with the reason.
+
+Every fault of :data:`chaos.faults.FAULTS` is requested unless it cannot apply to the
+backend at all (``not applicable``, with the reason: SQLite has no network, no server and
+no clock of its own) or is opted out (``--no-restart``, ``--no-skew``, ``--no-partition``).
+A requested fault that is not applied at least once, or cannot be set up (e.g. restarts
+on a store given by URL), FAILS the run with the reason, unless ``--allow-missing-fault
+NAME`` waives it; the verdict lists the faults requested, applied (with counts), waived
+and not applicable.
 """
 
 from __future__ import annotations
@@ -35,24 +48,33 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from anarchon_core import Scheduler, backend_from_url
-from anarchon_core.cli.fleet import Cluster, JobSpec
+from anarchon_core.cli.fleet import JobSpec
 from anarchon_core.durations import parse_duration_ms
+from anarchon_core.models import Run
 from anarchon_core.options import default_jitter_ms, default_max_late_ms
 from anarchon_core.url import mask_url
 
 from .check import BackendReport, check_run, format_report
-from .faults import Chaos, FaultLog, FaultProfile
-from .servers import NatsServer, PostgresServer, RabbitMQServer, RedisServer, StoreServer
+from .faults import FAULTS, Chaos, ChaosCluster, FaultLog, FaultProfile, faketime_library
+from .proxy import FreezableProxy
+from .servers import (
+    NatsServer,
+    PostgresServer,
+    RabbitMQServer,
+    RedisClusterServer,
+    RedisServer,
+    StoreServer,
+)
 
 __all__ = ["PROFILES", "RunResult", "Target", "chaos_jobs", "main", "open_target", "run_chaos"]
 
 log = logging.getLogger("anarchon.chaos")
 
-SHARED_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 NAMED = ("sqlite", "redis", "valkey", "postgres", "rabbitmq", "nats", "redis-script",
-         "redis-stream-id")
+         "redis-stream-id", "redis-cluster", "redis-cluster-acks")
 
 #: Fault mix per profile: ``short`` hits hard for CI-length runs, ``long`` is the release
 #: check (10+ minutes).
@@ -62,12 +84,19 @@ PROFILES = {
 }
 LEASE_MS, HEARTBEAT_MS = 2_000, 500
 HISTORY_SIZE = 100_000
+#: The most attempts history() reads per job (its upper bound); a 10-minute run has fewer.
+HISTORY_LIMIT = 10_000
 READY_TIMEOUT_S = 90
 
 
 @dataclass
 class Target:
-    """Where a run happens: the namespaced URL, its server if we own it, and caveats."""
+    """Where a run happens: the namespaced URL, its server if we own it, and caveats.
+
+    ``not_applicable``: faults that cannot apply to this backend at all, with the reason.
+    ``unavailable``: faults that apply but cannot be set up here, with the reason (they
+    fail the run unless waived). ``upstream``: the store's address, for partition proxies.
+    """
 
     name: str
     url: str
@@ -75,6 +104,28 @@ class Target:
     server: StoreServer | None = None
     skew: bool = True
     notes: list[str] = field(default_factory=list)
+    not_applicable: dict[str, str] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    upstream: tuple[str, int] | None = None
+    store: str = ""
+    #: Duplicate successes (and runs lost) right after a failover are the measured cost of
+    #: asynchronous replication, reported apart instead of failing the run.
+    tolerate_failover_loss: bool = False
+
+
+def _via(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by ``127.0.0.1:port`` (a proxy)."""
+    parts = urlsplit(url)
+    user, at, _ = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{user}{at}127.0.0.1:{port}").geturl()
+
+
+def _upstream(url: str) -> tuple[str, int] | None:
+    parts = urlsplit(url)
+    return (parts.hostname, parts.port) if parts.hostname and parts.port else None
+
+
+NO_FAILOVER = "a single server: no replica to promote (the failover fault runs on redis-cluster)"
 
 
 def _with_param(url: str, param: str) -> str:
@@ -93,33 +144,53 @@ def _namespace_param(url: str, ns: str) -> str:
 
 
 @contextlib.contextmanager
-def open_target(backend: str, workdir: Path, *, restart: bool = True) -> Iterator[Target]:
-    """Start (or reach) the store for ``backend`` and yield its target; stop it after."""
+def open_target(backend: str, workdir: Path) -> Iterator[Target]:
+    """Start (or reach) the store for ``backend`` and yield its target; stop it after.
+
+    A dedicated store that cannot start raises (RuntimeError): no shared service is ever
+    used in its place.
+    """
     ns = f"chaos{secrets.token_hex(4)}"
     server: StoreServer | None = None
     notes: list[str] = []
+    na: dict[str, str] = {"failover": NO_FAILOVER}
+    unavailable: dict[str, str] = {}
     skew = True
+    tolerate = False
     if backend == "sqlite":
         url = f"sqlite:///{workdir / 'store.db'}?table={ns}"
         skew = False
-        notes.append("SQLite's store clock is each process's own clock: a shifted clock "
-                     "would shift the store, so the clock-skew fault is skipped on SQLite")
-        notes.append("SQLite has no server: the store-restart fault is skipped")
+        reason = ("SQLite's store clock is each process's own clock: a shifted clock would "
+                  "shift the store itself")
+        na.update(restart="SQLite has no server", partition="SQLite has no network",
+                  skew=reason, skew_step=reason)
     elif backend in ("redis", "valkey", "redis-script", "redis-stream-id"):
         server = RedisServer(workdir / "server", valkey=backend == "valkey")
         server.start()
         url = _with_param(server.url, f"prefix={ns}:")
         if backend.startswith("redis-"):
             url = _with_param(url, f"strategy={backend.removeprefix('redis-')}")
+    elif backend in ("redis-cluster", "redis-cluster-acks"):
+        server = RedisClusterServer(workdir / "server")
+        server.start()
+        url = _with_param(server.url, f"prefix={ns}:")
+        na.pop("failover")
+        na["restart"] = ("the cluster is never restarted as a whole: the failover fault "
+                         "takes one primary down at a time")
+        na["partition"] = ("cluster clients reach every node at the address the cluster "
+                           "announces, so one proxy per instance cannot stand in between")
+        if backend.endswith("-acks"):
+            url = _with_param(url, "min_replicas_acks=1")
+            notes.append("min_replicas_acks=1: every lease write waits for its replica")
+        else:
+            tolerate = True
+            notes.append("no replica acknowledgement: a duplicate success or a lost run "
+                         "right after a failover is the measured cost of asynchronous "
+                         "replication (counted apart, not failed)")
     elif backend == "postgres":
-        try:
-            server = PostgresServer(workdir / "server")
-            server.start()
-            url = _with_param(server.url, f"table={ns}")
-        except (RuntimeError, OSError, Exception) as exc:  # noqa: BLE001 - fall back, say so
-            server = None
-            url = _with_param(SHARED_POSTGRES, f"table={ns}")
-            notes.append(f"no dedicated PostgreSQL ({exc}); shared server used, no restarts")
+        server = PostgresServer(workdir / "server")
+        server.start()
+        url = _with_param(server.url, f"table={ns}")
     elif backend == "nats":
         server = NatsServer(workdir / "server")
         server.start()
@@ -132,21 +203,30 @@ def open_target(backend: str, workdir: Path, *, restart: bool = True) -> Iterato
         url = _with_param(server.url, f"prefix={ns}.")
         # A claim and its history record are two writes: a broker that dies between them
         # loses the run's record (docs/backends/rabbitmq.md). Restarts would only show that.
-        restart = False
-        notes.append("RabbitMQ: store restarts off (a run's history record can be lost "
-                     "when the broker dies right after the claim; documented)")
+        unavailable["restart"] = ("RabbitMQ loses a run's history record when the broker "
+                                  "dies right after the claim (documented): not restarted")
     elif "://" in backend:
         url = _with_param(backend, _namespace_param(backend, ns))
-        notes.append("a store given by URL is shared: the store-restart fault is skipped")
+        unavailable["restart"] = "a store given by URL is shared: it is never restarted"
         if backend.lower().startswith("sqlite"):
             skew = False
+            na.update(restart="SQLite has no server", partition="SQLite has no network",
+                      skew="SQLite's store clock is each process's own clock",
+                      skew_step="SQLite's store clock is each process's own clock")
     else:
         raise SystemExit(f"unknown backend {backend!r}: use a URL or one of {', '.join(NAMED)}")
-    if server is not None and not restart:
-        notes.append("store restarts disabled for this run")
     try:
         leases = backend_from_url(url).supports_leases
-        yield Target(backend, url, leases, server if restart else None, skew, notes)
+        if not leases:
+            na.setdefault("partition", "claim-only backend: no lease to lose (partition is "
+                                       "a lease fault)")
+        target = Target(backend, url, leases, server, skew, notes, na,
+                        unavailable, None if "partition" in na else _upstream(url),
+                        server.describe() if server is not None else
+                        ("a file in the run directory" if backend == "sqlite" else
+                         f"given by URL: {mask_url(url)}"),
+                        tolerate)
+        yield target
     finally:
         if server is not None:
             server.stop()
@@ -186,7 +266,17 @@ def _read_history(url: str, jobs: list[str]) -> dict[str, list[dict[str, Any]]]:
             for job in jobs:
                 for attempt in range(10):  # the store may still be recovering
                     try:
-                        runs = await reader.history(job, HISTORY_SIZE)
+                        runs: list[Run] = []
+                        try:
+                            cursor: str | None = None
+                            while True:  # every page: a long run has more than one
+                                page = await reader.history(job, HISTORY_LIMIT, before=cursor)
+                                runs.extend(page)
+                                cursor = page.cursor
+                                if cursor is None:
+                                    break
+                        except NotImplementedError:  # a backend without paged reads yet
+                            runs = list(await reader.backend.history(job, HISTORY_LIMIT))
                         break
                     except Exception:
                         if attempt == 9:
@@ -213,57 +303,114 @@ class RunResult:
     report: BackendReport
 
 
+def plan_faults(target: Target, *, restart: bool, skew: bool, partition: bool,
+                allow_missing: frozenset[str]) -> dict[str, Any]:
+    """Which faults this run requests, and why the others are not."""
+    opted_out = {}
+    if not restart:
+        opted_out["restart"] = "--no-restart"
+    if not skew:
+        opted_out.update(skew="--no-skew", skew_step="--no-skew")
+    if not partition:
+        opted_out["partition"] = "--no-partition"
+    unavailable = dict(target.unavailable)
+    if "skew" not in target.not_applicable and skew and faketime_library() is None:
+        why = "clock skew needs the libfaketime package (pip install libfaketime)"
+        unavailable.update(skew=why, skew_step=why)
+    requested = [f for f in FAULTS if f not in target.not_applicable and f not in opted_out]
+    unknown = sorted(allow_missing - set(FAULTS))
+    if unknown:
+        raise SystemExit(f"--allow-missing-fault {unknown[0]!r}: not a fault "
+                         f"(one of {', '.join(FAULTS)})")
+    return {"requested": requested, "not_applicable": dict(target.not_applicable),
+            "opted_out": opted_out, "unavailable": unavailable,
+            "allow_missing": sorted(allow_missing)}
+
+
 def run_chaos(backend: str, *, seconds: float, instances: int = 5, seed: int,
               profile: str = "short", workdir: Path, restart: bool = True,
-              skew: bool = True, out: Any = None) -> RunResult:
-    """Run the fleet under faults for ``seconds`` and check it; artefacts in ``workdir``."""
+              skew: bool = True, partition: bool = True,
+              allow_missing: frozenset[str] | set[str] = frozenset(), cover_s: float = 30.0,
+              out: Any = None) -> RunResult:
+    """Run the fleet under faults for ``seconds`` and check it; artefacts in ``workdir``.
+
+    A requested fault not applied by then gets up to ``cover_s`` more seconds (see
+    :meth:`Chaos.run`).
+    """
     def say(text: str) -> None:
         print(text, file=out or sys.stdout, flush=True)
 
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     command = (f"python -m chaos.run --backend {backend} --seconds {seconds:g} "
-               f"--instances {instances} --seed {seed} --profile {profile}")
-    with open_target(backend, workdir, restart=restart) as target:
-        use_skew = skew and target.skew
+               f"--instances {instances} --seed {seed} --profile {profile}"
+               + "".join(f" --allow-missing-fault {f}" for f in sorted(allow_missing))
+               + ("" if restart else " --no-restart") + ("" if skew else " --no-skew")
+               + ("" if partition else " --no-partition"))
+    with open_target(backend, workdir) as target:
+        plan = plan_faults(target, restart=restart, skew=skew, partition=partition,
+                           allow_missing=frozenset(allow_missing))
+        applying = frozenset(f for f in plan["requested"] if f not in plan["unavailable"])
+        use_skew = "skew" in applying
         lease_ms, heartbeat_ms = (LEASE_MS, HEARTBEAT_MS) if target.leases else (None, None)
         jobs = chaos_jobs(target.leases, seed)
-        cluster = Cluster(target.url, jobs, workdir, lease_ms=lease_ms,
-                          heartbeat_ms=heartbeat_ms, grace_ms=1_000,
-                          history_size=HISTORY_SIZE)
+        cluster = ChaosCluster(target.url, jobs, workdir, lease_ms=lease_ms,
+                               heartbeat_ms=heartbeat_ms, grace_ms=1_000,
+                               history_size=HISTORY_SIZE)
         faults = FaultLog()
         clock0 = {"wall_ms": time.time() * 1000, "mono_ns": time.monotonic_ns()}
+        upstream = target.upstream
+
+        def proxy_for() -> tuple[FreezableProxy, str]:
+            assert upstream is not None
+            proxy = FreezableProxy(upstream, name=f"proxy-{len(cluster.instances)}").start()
+            return proxy, _via(target.url, proxy.port)
+
         chaos = Chaos(cluster, rng, PROFILES[profile], lease_ms=lease_ms, server=target.server,
-                      skew=use_skew, workdir=workdir, faults=faults)
+                      skew=use_skew, workdir=workdir, faults=faults, requested=applying,
+                      proxy_for=proxy_for if "partition" in applying and upstream else None)
         say(f"backend {target.name}: {mask_url(target.url)} "
-            f"({'lease' if target.leases else 'claim-only'}); {instances} instances; "
-            f"{seconds:g} s of faults; profile {profile}; artefacts in {workdir}")
-        with cluster:
-            for n in range(instances):
-                # The first instance always runs skewed (when skew applies), the rest by lot.
-                chaos.spawn(rng.uniform(-30, 30) if n == 0 and use_skew else None)
-            cluster.wait_ready(READY_TIMEOUT_S)
-            begin = time.time() * 1000 + 1_000
-            chaos.run(seconds)
-            end = time.time() * 1000
-            chaos.settle()
-            # Let every run of a slot in the window end, be taken over and end again.
-            settle_s = (2 * LEASE_MS / 1000 + 3) if target.leases else 4
-            deadline = time.monotonic() + settle_s
-            while time.monotonic() < deadline:
-                chaos._run_timers()
-                time.sleep(0.1)
-            faults.add("stop_all", None)
-            cluster.stop_all()
-            chaos._reap()
+            f"({'lease' if target.leases else 'claim-only'}); store: {target.store}; "
+            f"{instances} instances; {seconds:g} s of faults; profile {profile}; "
+            f"faults requested: {', '.join(plan['requested'])}; artefacts in {workdir}")
+        try:
+            with cluster:
+                for n in range(instances):
+                    # The first instance always runs skewed (when skew applies), the rest
+                    # by lot.
+                    chaos.spawn(rng.uniform(-30, 30) if n == 0 and use_skew else None)
+                cluster.wait_ready(READY_TIMEOUT_S)
+                begin = time.time() * 1000 + 1_000
+                chaos.run(seconds, cover_s)
+                end = time.time() * 1000
+                chaos.settle()
+                # Let every run of a slot in the window end, be taken over and end again.
+                settle_s = (2 * LEASE_MS / 1000 + 3) if target.leases else 4
+                deadline = time.monotonic() + settle_s
+                while time.monotonic() < deadline:
+                    chaos._run_timers()
+                    time.sleep(0.1)
+                faults.add("stop_all", None)
+                cluster.stop_all()
+                chaos._reap()
+                if target.leases:
+                    # A lease heartbeated just before its runner exited (or whose release
+                    # was not acknowledged) is live a moment longer: read after it ends.
+                    time.sleep(LEASE_MS / 1000 + 0.5)
+        finally:
+            chaos.close()
         history = _read_history(target.url, [j.name for j in jobs])
         meta = {
             "backend": target.name, "url": mask_url(target.url), "seed": seed,
             "profile": profile, "seconds": seconds, "instances": instances,
+            "fault_seconds": round((end - begin) / 1000 + 1, 1),
             "leases": target.leases, "lease_ms": lease_ms, "heartbeat_ms": heartbeat_ms,
             "jobs": [_job_meta(j) for j in jobs], "window": [begin, end], "clock0": clock0,
-            "skew": use_skew, "restart": target.server is not None, "notes": target.notes,
-            "fault_counts": chaos.counts, "command": command,
+            "skew": use_skew, "restart": "restart" in applying, "notes": target.notes,
+            "fault_counts": chaos.counts, "command": command, "store": target.store,
+            "server_starts": target.server.starts if target.server is not None else 0,
+            "fault_plan": plan, "fault_problems": chaos.problems, "exit_lines": True,
+            "tolerate_failover_loss": target.tolerate_failover_loss,
         }
         (workdir / "run.json").write_text(json.dumps(meta, indent=1))
         (workdir / "history.json").write_text(json.dumps(history))
@@ -286,8 +433,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where ledgers, logs and history go (default: a temp dir, "
                              "removed after a passing run)")
-    parser.add_argument("--no-restart", action="store_true", help="no store restarts")
-    parser.add_argument("--no-skew", action="store_true", help="no clock skew")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="do not request store restarts (printed in the verdict)")
+    parser.add_argument("--no-skew", action="store_true",
+                        help="do not request clock skew (printed in the verdict)")
+    parser.add_argument("--no-partition", action="store_true",
+                        help="do not request network partitions (printed in the verdict)")
+    parser.add_argument("--allow-missing-fault", action="append", default=[], metavar="NAME",
+                        help="a requested fault that may go unapplied without failing the "
+                             f"run (printed in the verdict); one of {', '.join(FAULTS)}")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
@@ -298,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="anarchon-chaos-"))
     result = run_chaos(args.backend, seconds=seconds, instances=args.instances, seed=seed,
                        profile=args.profile, workdir=workdir, restart=not args.no_restart,
-                       skew=not args.no_skew)
+                       skew=not args.no_skew, partition=not args.no_partition,
+                       allow_missing=frozenset(args.allow_missing_fault))
     print(format_report(result.report), flush=True)
     failed = bool(result.report.failures())
     if failed or args.workdir is not None:

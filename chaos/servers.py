@@ -11,7 +11,15 @@ The store-restart fault needs a server nobody else uses, so each run starts its 
   something anarchon can fix.
 * :class:`PostgresServer`: ``initdb`` + ``pg_ctl`` run as the ``postgres`` user
   (``runuser -u postgres --`` when we are root), trust auth on 127.0.0.1; ``crash`` is
-  ``pg_ctl stop -m immediate`` (a crash followed by WAL recovery on start).
+  ``pg_ctl stop -m immediate`` (a crash followed by WAL recovery on start). As root, the
+  server's directory is made outside the caller's tree, under the system temporary
+  directory, and checked to be reachable by ``postgres`` (a run started from a private
+  0700 directory would otherwise be refused by ``initdb``); its log is copied into the
+  run's directory when it stops.
+* :class:`RedisClusterServer`: a local Redis Cluster of 3 primaries and 3 replicas
+  (``redis-server --cluster-enabled yes`` + ``redis-cli --cluster create
+  --cluster-replicas 1``) whose :meth:`~RedisClusterServer.failover` kills a primary (or
+  asks its replica to take over) and waits for the promotion.
 
 Every server's :meth:`restart` stops it, waits ``down_s`` and starts it again on the same
 port and directory; :meth:`stop` ends it for good.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -29,8 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["NatsServer", "PostgresServer", "RedisServer", "StoreServer", "free_port",
-           "valkey_server_binary"]
+__all__ = ["NatsServer", "PostgresServer", "RedisClusterServer", "RedisServer", "StoreServer",
+           "free_port", "valkey_server_binary"]
 
 
 def free_port() -> int:
@@ -69,6 +78,14 @@ class StoreServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Where :meth:`stop` copies the server's log when the directory is our own.
+        self.log_copy: Path | None = None
+        #: How many times the server was started (a restart fault makes it > 1).
+        self.starts = 0
+
+    def describe(self) -> str:
+        """E.g. ``dedicated redis on 127.0.0.1:41234 (dir /tmp/...)``."""
+        return f"dedicated {self.name} on 127.0.0.1:{self.port} (dir {self.workdir})"
 
     @property
     def url(self) -> str:
@@ -84,6 +101,7 @@ class StoreServer:
         with (self.workdir / "server.log").open("ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.workdir)
+        self.starts += 1
         self._wait_up(timeout)
 
     def _wait_up(self, timeout: float) -> None:
@@ -122,6 +140,9 @@ class StoreServer:
         """Stop the server for good and remove its directory if we made it."""
         self.halt(crash=False)
         if self._own_dir:
+            if self.log_copy is not None:
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(self.workdir / "server.log", self.log_copy)
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def log_tail(self) -> str:
@@ -211,12 +232,19 @@ class PostgresServer(StoreServer):
         for tool in ("initdb", "pg_ctl"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} not found on PATH")
-        super().__init__(workdir)
         self._as_user: list[str] = []
         if os.geteuid() == 0:
-            # PostgreSQL refuses to run as root: run its tools as the postgres user.
+            # PostgreSQL refuses to run as root: its tools run as the postgres user, which
+            # must reach the data directory through every parent. The caller's directory
+            # may be private (0700, e.g. a mkdtemp): the server gets one of its own.
             self._as_user = ["runuser", "-u", "postgres", "--"]
-            shutil.chown(self.workdir, user="postgres")
+            super().__init__(_dir_for_user("postgres", "anarchon-chaos-postgres-"))
+            self._own_dir = True
+            if workdir is not None:
+                Path(workdir).mkdir(parents=True, exist_ok=True)
+                self.log_copy = Path(workdir) / "server.log"
+        else:
+            super().__init__(workdir)
         self.data = self.workdir / "data"
         self._initialised = False
 
@@ -226,8 +254,12 @@ class PostgresServer(StoreServer):
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *args: str, timeout: float = 60) -> None:
-        subprocess.run([*self._as_user, *args], check=True, capture_output=True,
-                       timeout=timeout, cwd=self.workdir)
+        try:
+            subprocess.run([*self._as_user, *args], check=True, capture_output=True,
+                           timeout=timeout, cwd=self.workdir)
+        except subprocess.CalledProcessError as exc:
+            detail = (exc.stderr or b"").decode(errors="replace").strip()[-1500:]
+            raise RuntimeError(f"{args[0]} failed (exit {exc.returncode}): {detail}") from None
 
     def start(self, timeout: float = 30.0) -> None:
         """Run ``initdb`` on first start, then ``pg_ctl start -w``."""
@@ -239,6 +271,7 @@ class PostgresServer(StoreServer):
                    "-c fsync=on -c max_connections=200")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.workdir / "server.log"),
                   "-o", options, "-w", "-t", str(int(timeout)), "start", timeout=timeout + 10)
+        self.starts += 1
         self._wait_up(timeout)
 
     def pid(self) -> int | None:
@@ -259,6 +292,24 @@ class PostgresServer(StoreServer):
         except (subprocess.SubprocessError, OSError):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _dir_for_user(user: str, prefix: str) -> Path:
+    """A new directory owned by ``user``, reachable by it through every parent."""
+    tried = []
+    for base in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/var/tmp")):
+        if not os.path.isdir(base):
+            continue
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        shutil.chown(path, user=user)
+        probe = subprocess.run(["runuser", "-u", user, "--", "test", "-w", str(path)],
+                               capture_output=True, timeout=30, check=False)
+        if probe.returncode == 0:
+            return path
+        tried.append(base)
+        shutil.rmtree(path, ignore_errors=True)
+    raise RuntimeError(f"no temporary directory the {user!r} user can reach "
+                       f"(tried {', '.join(tried)})")
 
 
 class RabbitMQServer(StoreServer):
@@ -332,3 +383,222 @@ class RabbitMQServer(StoreServer):
         deadline = time.monotonic() + 10
         while _port_open(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+class RedisClusterServer(StoreServer):
+    """A local Redis Cluster: 3 primaries, each with 1 replica, in one directory.
+
+    Every node runs ``--cluster-node-timeout`` :attr:`NODE_TIMEOUT_MS` with an
+    append-only file fsynced on every write, and ``cluster-require-full-coverage no`` (a
+    shard failing over does not stop the others). :attr:`url` is the first node's URL with
+    ``cluster=true``: anarchon's own ``RedisCluster`` client finds the rest.
+
+    :meth:`failover` moves one shard to its replica, either by SIGKILL of the primary
+    (the replica is elected after the node timeout; writes the primary acknowledged but
+    had not yet replicated are lost) or by ``CLUSTER FAILOVER`` on the replica (a
+    coordinated hand-over that loses nothing). The killed node is started again and
+    rejoins as a replica of the new primary. The whole cluster is never restarted.
+    """
+
+    name = "redis-cluster"
+    can_crash = True
+    NODE_TIMEOUT_MS = 1_000
+    PROMOTION_TIMEOUT_S = 30.0
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if binary is None or cli is None:
+            raise RuntimeError("redis-server or redis-cli not found on PATH")
+        self.binary, self.cli = binary, cli
+        super().__init__(workdir)
+        self.ports = [self._bus_free_port() for _ in range(6)]
+        self.port = self.ports[0]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.failovers = 0
+
+    @staticmethod
+    def _bus_free_port() -> int:
+        for _ in range(200):
+            port = free_port()
+            if port + 10_000 > 65_535:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10_000))
+                except OSError:
+                    continue
+            return port
+        raise RuntimeError("no free port with a free cluster-bus port")
+
+    @property
+    def url(self) -> str:
+        """The first node, with ``cluster=true``."""
+        return f"redis://127.0.0.1:{self.ports[0]}/0?cluster=true"
+
+    def describe(self) -> str:
+        """The nodes and directory."""
+        return (f"dedicated Redis Cluster (3 primaries + 3 replicas) on 127.0.0.1 ports "
+                f"{', '.join(map(str, self.ports))} (dir {self.workdir})")
+
+    def _node_command(self, port: int) -> list[str]:
+        d = self.workdir / f"node-{port}"
+        d.mkdir(parents=True, exist_ok=True)
+        return [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
+                "--daemonize", "no", "--save", "", "--appendonly", "yes",
+                "--appendfsync", "always", "--protected-mode", "yes",
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS),
+                "--cluster-replica-validity-factor", "0",
+                "--cluster-require-full-coverage", "no"]
+
+    def _start_node(self, port: int, timeout: float = 30.0) -> None:
+        with (self.workdir / f"node-{port}.log").open("ab") as log:
+            self.procs[port] = subprocess.Popen(
+                self._node_command(port), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=self.workdir)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[port].poll() is not None:
+                raise RuntimeError(f"cluster node {port} exited: {self._node_log(port)}")
+            if self._ask(port, "PING").startswith("PONG"):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"cluster node {port} did not answer: {self._node_log(port)}")
+
+    def _node_log(self, port: int) -> str:
+        path = self.workdir / f"node-{port}.log"
+        return path.read_text(errors="replace")[-1500:] if path.exists() else ""
+
+    def _ask(self, port: int, *args: str, timeout: float = 5.0) -> str:
+        try:
+            done = subprocess.run([self.cli, "-p", str(port), "--no-auth-warning", *args],
+                                  capture_output=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return ""
+        return done.stdout.decode(errors="replace") if done.returncode == 0 else ""
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the six nodes, create the cluster, wait until every slot is served."""
+        for port in self.ports:
+            self._start_node(port)
+        self.starts += 1
+        create = subprocess.run(
+            [self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, timeout=timeout, check=False)
+        if create.returncode != 0:
+            raise RuntimeError("redis-cli --cluster create failed: "
+                               + create.stdout.decode(errors="replace")[-1500:])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            nodes = self.nodes()
+            ok = all("cluster_state:ok" in self._ask(p, "CLUSTER", "INFO") for p in self.ports)
+            if ok and len([n for n in nodes.values() if n["role"] == "master"]) == 3 and \
+                    all(self._replica_linked(p) for p, n in nodes.items() if n["role"] == "slave"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the Redis Cluster did not become ready: " + str(self.nodes()))
+
+    def _replica_linked(self, port: int) -> bool:
+        return "master_link_status:up" in self._ask(port, "INFO", "replication")
+
+    def nodes(self, via: int | None = None) -> dict[int, dict[str, str]]:
+        """``port → {"id", "role", "primary" (port of its primary or ""), "flags"}``."""
+        candidates = [via] if via else [p for p in self.ports if self._alive(p)]
+        for port in candidates:
+            text = self._ask(port, "CLUSTER", "NODES")
+            if not text:
+                continue
+            by_id: dict[str, int] = {}
+            rows = []
+            for line in text.splitlines():
+                parts = line.split()
+                if len(parts) < 8:
+                    continue
+                node_port = int(parts[1].split("@")[0].rsplit(":", 1)[1])
+                by_id[parts[0]] = node_port
+                rows.append((node_port, parts))
+            out: dict[int, dict[str, str]] = {}
+            for node_port, parts in rows:
+                flags = parts[2]
+                role = "master" if "master" in flags else "slave"
+                primary = str(by_id.get(parts[3], "")) if parts[3] != "-" else ""
+                out[node_port] = {"id": parts[0], "role": role, "primary": primary,
+                                  "flags": flags}
+            return out
+        return {}
+
+    def _alive(self, port: int) -> bool:
+        proc = self.procs.get(port)
+        return proc is not None and proc.poll() is None
+
+    def primaries(self) -> list[int]:
+        """Ports of the live primaries."""
+        return [p for p, n in self.nodes().items()
+                if n["role"] == "master" and "fail" not in n["flags"] and self._alive(p)]
+
+    def failover(self, rng: random.Random, *, kill: bool) -> dict[str, object]:
+        """Move one shard (chosen by ``rng``) to its replica; blocks until it is done.
+
+        Returns what happened: the old primary, the new one, and the seconds until the
+        promotion was seen. Raises RuntimeError when no promotion happened in time.
+        """
+        nodes = self.nodes()
+        shards = sorted(p for p in self.primaries()
+                        if any(n["primary"] == str(p) and self._alive(q)
+                               for q, n in nodes.items()))
+        if not shards:
+            raise RuntimeError("no primary with a live replica to fail over")
+        victim = rng.choice(shards)
+        replica = next(q for q, n in sorted(nodes.items()) if n["primary"] == str(victim)
+                       and self._alive(q))
+        began = time.monotonic()
+        if kill:
+            proc = self.procs.pop(victim)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        else:
+            self._ask(replica, "CLUSTER", "FAILOVER")
+        deadline = began + self.PROMOTION_TIMEOUT_S
+        promoted = None
+        while time.monotonic() < deadline:
+            view = self.nodes(via=replica)
+            if view.get(replica, {}).get("role") == "master" and \
+                    "cluster_state:ok" in self._ask(replica, "CLUSTER", "INFO"):
+                promoted = time.monotonic() - began
+                break
+            time.sleep(0.05)
+        if promoted is None:
+            raise RuntimeError(f"replica {replica} was not promoted within "
+                               f"{self.PROMOTION_TIMEOUT_S:.0f} s after primary {victim} "
+                               f"{'was killed' if kill else 'was asked to hand over'}")
+        if kill:
+            # Back as a replica of the new primary (its nodes.conf says it lost its slots).
+            self._start_node(victim)
+        while time.monotonic() < deadline + self.PROMOTION_TIMEOUT_S:
+            if self.nodes(via=victim).get(victim, {}).get("role") == "slave" and \
+                    self._replica_linked(victim):
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"old primary {victim} did not rejoin as a replica")
+        self.failovers += 1
+        return {"old_primary": victim, "new_primary": replica, "kill": kill,
+                "promoted_s": round(promoted, 3)}
+
+    def halt(self, crash: bool) -> None:
+        """Stop every node (SIGKILL when ``crash``)."""
+        procs, self.procs = self.procs, {}
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    def log_tail(self) -> str:
+        """The end of every node's log."""
+        return "\n".join(f"[{p}] {self._node_log(p)}" for p in self.ports)

@@ -1,24 +1,29 @@
 """The chaos harness, short profile: a fleet under random faults on every store.
 
 Each backend gets five instance processes and about 10 s of SIGKILLs, SIGSTOPs longer
-than the lease, SIGTERMs, restarts of a dedicated store server and clock skew (see
-``chaos/``), then the checker judges the ledgers and ``history()``. The build fails on any
-duplicate success, lost run, side effect by a fenced runner after a takeover, or a clock
-shift that did not apply. ``ANARCHON_CHAOS_SEED`` replays a seed; ``ANARCHON_CHAOS_SECONDS``
-lengthens the runs. The long profile is ``nox -s chaos -- --profile long`` (docs/chaos.md).
+than the lease, SIGTERMs, restarts of a dedicated store server, network partitions of one
+instance (a frozen proxy) and clock skew (see ``chaos/``), then the checker judges the
+ledgers and ``history()``. The build fails on any duplicate success, two attempts of a slot
+running at once, lost run, side effect by a fenced runner after a takeover, a clock shift
+that did not apply, or a requested fault that was not applied. ``ANARCHON_CHAOS_SEED``
+replays a seed; ``ANARCHON_CHAOS_SECONDS`` lengthens the runs. The long profile is
+``nox -s chaos -- --profile long`` (docs/chaos.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 
 from chaos.check import format_report
-from chaos.run import run_chaos
+from chaos.run import open_target, plan_faults, run_chaos
+from chaos.servers import RedisServer
 
 from .stores import iter_ids, unavailable
 
@@ -35,7 +40,7 @@ BACKENDS = {
     "nats": "nats",
 }
 AVAILABLE = set(iter_ids())
-SECONDS = float(os.environ.get("ANARCHON_CHAOS_SECONDS", "10"))
+SECONDS = float(os.environ.get("ANARCHON_CHAOS_SECONDS", "8"))
 
 
 def _seed() -> int:
@@ -49,9 +54,11 @@ def test_chaos_short_profile(backend: str, tmp_path: Path) -> None:
             not Path("/usr/sbin/rabbitmq-server").exists():
         unavailable("RabbitMQ", "rabbitmq-server is not installed")
     seed = _seed()
+    # RabbitMQ is never restarted (a documented history gap): waived explicitly.
+    waived = {"restart"} if backend == "rabbitmq" else set()
     try:
         result = run_chaos(backend, seconds=SECONDS, instances=5, seed=seed, profile="short",
-                           workdir=tmp_path / "run")
+                           workdir=tmp_path / "run", allow_missing=waived)
     except RuntimeError as exc:
         if "not found" in str(exc):
             unavailable(f"the {backend} server", str(exc))
@@ -65,3 +72,87 @@ def test_chaos_short_profile(backend: str, tmp_path: Path) -> None:
         f"seed {seed}: most due slots did not succeed\n{table}")
     if backend != "sqlite":
         assert report.skew, f"seed {seed}: no clock skew was checked\n{table}"
+    if backend in ("redis", "valkey", "postgres"):
+        assert report.faults["partition"] >= 1, f"seed {seed}: no partition\n{table}"
+    if backend == "sqlite":
+        assert "fault not applicable: partition: SQLite has no network" in table
+
+
+def test_postgres_from_a_private_directory_uses_a_dedicated_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from a 0700 directory as root: the dedicated server starts, and is restarted."""
+    if os.geteuid() != 0:
+        pytest.skip("the 0700-directory case is about root running the postgres user")
+    if "postgres" not in AVAILABLE or not shutil.which("initdb"):
+        unavailable("PostgreSQL (initdb)", "initdb is not on PATH")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    monkeypatch.chdir(private)
+    seed = _seed()
+    result = run_chaos("postgres", seconds=8, instances=4, seed=seed, profile="short",
+                       workdir=private / "run", skew=False, partition=False)
+    table = format_report(result.report)
+    meta = json.loads((private / "run" / "run.json").read_text())
+    assert meta["store"].startswith("dedicated postgres on 127.0.0.1:"), table
+    assert ":5432 " not in meta["store"]
+    assert meta["server_starts"] >= 2, f"seed {seed}: the server was never restarted\n{table}"
+    assert result.report.faults["restart"] >= 1, table
+    assert "127.0.0.1:5432" not in meta["url"]
+    assert (private / "run" / "server" / "server.log").exists()
+    assert not result.report.failures(), f"seed {seed}:\n{table}"
+
+
+def test_a_requested_fault_that_cannot_be_applied_fails_the_run(tmp_path: Path) -> None:
+    """A store given by URL cannot be restarted: the run fails unless that is waived."""
+    if not shutil.which("redis-server"):
+        unavailable("redis-server", "not on PATH")
+    with RedisServer(tmp_path / "given") as server:
+        _requested_fault_fails(server.url, tmp_path)
+
+
+def _requested_fault_fails(url: str, tmp_path: Path) -> None:
+    failed = run_chaos(url, seconds=3, instances=3, seed=1, workdir=tmp_path / "a",
+                       skew=False, cover_s=0)
+    problems = failed.report.failures()
+    assert any("requested fault 'restart' not applied" in p and "shared" in p
+               for p in problems), problems
+    assert "RESULT" in format_report(failed.report)
+    assert "FAIL" in format_report(failed.report).splitlines()[-2]
+    waived = run_chaos(url, seconds=3, instances=3, seed=1, workdir=tmp_path / "b",
+                       skew=False, allow_missing={"restart"})
+    table = format_report(waived.report)
+    assert not waived.report.failures(), table
+    assert "fault waived (--allow-missing-fault restart)" in table
+
+
+def test_a_fault_never_applied_fails_the_run(tmp_path: Path) -> None:
+    """Requested but never drawn (a run too short for it) is a failure, not a quiet pass."""
+    with open_target("sqlite", tmp_path) as target:
+        plan = plan_faults(target, restart=True, skew=True, partition=True,
+                           allow_missing=frozenset())
+    assert plan["requested"] == ["kill", "pause", "stop"]
+    assert set(plan["not_applicable"]) == {"restart", "partition", "skew", "skew_step",
+                                           "failover"}
+    result = run_chaos("sqlite", seconds=0.2, instances=3, seed=2, workdir=tmp_path / "run",
+                       cover_s=0)
+    problems = result.report.failures()
+    assert any("requested fault 'kill' not applied" in p for p in problems), problems
+
+
+def test_redis_cluster_failover_short(tmp_path: Path) -> None:
+    """3 primaries + 3 replicas; primaries killed or handed over while the fleet runs."""
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        unavailable("Redis Cluster", "redis-server or redis-cli is not on PATH")
+    seed = _seed()
+    result = run_chaos("redis-cluster-acks", seconds=SECONDS, instances=4,
+                       seed=seed, workdir=tmp_path / "run")
+    report = result.report
+    table = format_report(report)
+    print(table)
+    assert report.faults["failover"] >= 1, f"seed {seed}: no failover\n{table}"
+    assert "failovers " in table
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["fault_problems"] == [], table
+    assert not report.failures(), f"seed {seed}:\n{table}\n" + "\n".join(report.failures())
+    assert report.total("successes") >= report.total("due") // 3, table
