@@ -49,3 +49,13 @@ def chaos(session: nox.Session) -> None:
     """The chaos harness: ``nox -s chaos -- --backend redis --profile long`` (docs/chaos.md)."""
     session.install("-e", ".[dev]")
     session.run("python", "-m", "chaos.run", *session.posargs)
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """The Django admin in Debian's chromium (``apt-get install chromium chromium-driver``).
+
+    Screenshots land in ``artifacts/django-browser/`` (``ANARCHON_ARTIFACTS`` moves them).
+    """
+    session.install("-e", ".[dev]")
+    session.run("pytest", "-m", "browser", "tests/django", *session.posargs)

@@ -20,6 +20,7 @@ from .errors import (
     ReadOnlyError,
     StoreError,
     StoreFormatError,
+    StoreNotSetUp,
     StoreUnavailable,
     UnsupportedStrategyError,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "SqliteBackend",
     "StoreError",
     "StoreFormatError",
+    "StoreNotSetUp",
     "StoreUnavailable",
     "StreamId",
     "SyncClaimHandle",

@@ -44,6 +44,13 @@ class StoreUnavailable(StoreError):  # noqa: N818 - reads as a state, like Cance
     """
 
 
+class StoreNotSetUp(StoreError):  # noqa: N818 - reads as a state, like StoreUnavailable
+    """A read-only backend found no anarchon store in its namespace (never written to).
+
+    Readers such as dashboards can show it as "no history yet".
+    """
+
+
 class ReadOnlyError(StoreError):
     """A write was asked of a backend opened with ``read_only=True``."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import inspect
 import itertools
 import logging
 import os
@@ -75,6 +76,10 @@ class _Job:
     options: JobOptions
     #: Bumped to invalidate the job's pending timer entry (re-armed or stopped).
     generation: int = 0
+    #: False for ``define()``d jobs: their caller claims their slots, the timer never does.
+    fires: bool = True
+    #: ``define(on_takeover=...)``: given the handle of a run this instance took over.
+    on_takeover: Callable[[ClaimHandle], Any] | None = None
     watching: set[tuple[int, bool]] = field(default_factory=set)
 
 
@@ -227,7 +232,9 @@ class Scheduler:
         schedule = CronSchedule(expression, tz)
         return self._register(name, schedule, handler, options)
 
-    def define(self, name: str, schedule: Schedule | None = None, **options: Any) -> JobInfo:
+    def define(self, name: str, schedule: Schedule | None = None, *,
+               on_takeover: Callable[[ClaimHandle], Any] | None = None,
+               **options: Any) -> JobInfo:
         """Register a job that this scheduler never fires itself: its caller claims slots.
 
         For code that decides its own timing (an APScheduler executor, a Celery beat):
@@ -235,13 +242,25 @@ class Scheduler:
         ``await scheduler.claim("report", slot)``. Options are validated as for
         :meth:`every`; without a ``schedule``, ``jitter_ms`` defaults to 0 and
         ``max_late_ms`` to 60 s.
+
+        With ``on_takeover`` (lease backends), the scheduler is this job's backup like for
+        its own jobs: a claim that finds the slot ``running`` elsewhere is watched, and
+        runs of the job whose runner and watchers are gone are recovered (see "Orphaned
+        runs" in docs/concepts.md). When this instance takes a run over,
+        ``on_takeover(handle)`` is called on the scheduler's event loop with the won
+        :class:`ClaimHandle` (attempt + 1); it must start the run without blocking (it may
+        be a coroutine function) and end the handle with ``finish``, or ``release`` it.
         """
         validate_job_name(name)
         job_options = JobOptions.build(schedule, options, leases=self.backend.supports_leases,
                                        now_ms=round(self._now_ms()))
         self.backend.check_job(name, job_options)
+        if on_takeover is not None and not callable(on_takeover):
+            raise ConfigError(f"invalid on_takeover {on_takeover!r} for job {name!r}: not "
+                              "callable")
         with self._jobs_lock:
-            self._add(_Job(name, schedule, None, job_options))
+            self._add(_Job(name, schedule, None, job_options, fires=False,
+                           on_takeover=on_takeover))
         return self._info(self._jobs[name])
 
     def _register(self, name: str, schedule: Schedule, handler: Handler | None,
@@ -486,7 +505,11 @@ class Scheduler:
             raise ConfigError(f"invalid slot {slot!r}: expected int milliseconds since the "
                               "epoch (see slot_from_datetime)")
         await self._open_backend()
-        return await self._claim_slot(job, slot, raise_unavailable=True)
+        outcome = await self._claim_slot(job, slot, raise_unavailable=True)
+        if (isinstance(outcome, NotClaimed) and outcome.outcome is ClaimOutcome.RUNNING
+                and job.on_takeover is not None and self._running and not self._stopping):
+            self._spawn(self._watch(job, slot, manual=False))
+        return outcome
 
     def _request(self, job: _Job, slot: int, *, manual: bool = False,
                  max_late_ms: int | None = None, token: str | None = None,
@@ -650,7 +673,7 @@ class Scheduler:
         return task
 
     def _start_job(self, job: _Job) -> None:
-        if job.handler is None or job.schedule is None:
+        if job.handler is None or job.schedule is None or not job.fires:
             return
         if self._jobs.get(job.name) is not job or not self._running or self._stopping:
             return
@@ -701,7 +724,7 @@ class Scheduler:
         with self._jobs_lock:
             jobs = list(self._jobs.values())
         for job in jobs:
-            if job.handler is not None and job.schedule is not None:
+            if job.handler is not None and job.schedule is not None and job.fires:
                 job.generation += 1
                 self._arm(job, job.schedule, now)
 
@@ -769,7 +792,8 @@ class Scheduler:
         period = self.lease_ms / 1000
         while not self._stopping:
             with self._jobs_lock:
-                jobs = [j for j in self._jobs.values() if j.handler is not None]
+                jobs = [j for j in self._jobs.values()
+                        if j.handler is not None or j.on_takeover is not None]
             if jobs:
                 start = self._orphan_cursor % len(jobs)
                 batch = (jobs[start:] + jobs[:start])[:_ORPHAN_JOBS_PER_PERIOD]
@@ -827,6 +851,17 @@ class Scheduler:
 
     async def _run_handle(self, job: _Job, handle: ClaimHandle) -> None:
         threads = self._threads
+        if job.handler is None and job.on_takeover is not None and not self._stopping:
+            try:
+                started = job.on_takeover(handle)
+                if inspect.isawaitable(started):
+                    await started
+            except Exception:
+                log.exception("%s slot %s: on_takeover failed; handing the run over",
+                              job.name, handle.slot)
+                if not handle.ended and not handle.fenced:
+                    await handle.release()
+            return
         if threads is None or job.handler is None:
             await handle.release()
             return

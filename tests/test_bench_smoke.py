@@ -113,6 +113,17 @@ SMOKES: list[Smoke] = [
         Expect(r"^NATS JetStream "),
         *table("JetStream publish (floor)", ["claim, won", "claim, taken"]),
     ], stores=("nats",), args=lambda: ["--only", "nats", "--nats", nats_store.URL]),
+    Smoke("apscheduler", "bench.apscheduler_duplicates", [
+        Expect(r"^store +setup +firings +runs +runs/firing +duplicates +missing$"),
+        *(Expect(rf"^sqlite +{re.escape(s)} +\d+ +\d+ +{_NUM} +\d+ +\d+$") for s in (
+            "no wrapper (shared store)", "AnarchonExecutor", "+ AnarchonJobStore")),
+    ]),
+    Smoke("celery", "bench.celery_beats", [
+        Expect(r"^scheduler +sends +duplicates +missing +period ms$"),
+        Expect(r"^scheduler +longest gap s +slots lost +of slots$"),
+        Expect(r"^scheduler +CPU s/min +due +on time % +≤1 s late % +p95 late s$"),
+        *(Expect(rf"^{kind} +[\d .na]+$", 3) for kind in ("default", "redbeat", "anarchon")),
+    ]),
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 from anarchon_core import ConfigError, HistoryQuery, Run, sql_schema
 from anarchon_core.backend import new_token
 from anarchon_core.backends.sqlite import SqliteBackend
-from anarchon_core.errors import ReadOnlyError, StoreError
+from anarchon_core.errors import ReadOnlyError, StoreNotSetUp
 from anarchon_core.models import ClaimRequest, RunRef
 from anarchon_core.readmodel import decode_cursor, encode_cursor, read_status
 from anarchon_core.url import backend_from_url
@@ -96,7 +96,7 @@ async def test_sqlite_table_of_format_1_gets_the_meta_column(tmp_path: Path) -> 
 
 async def test_sqlite_read_only_creates_nothing(tmp_path: Path) -> None:
     missing = SqliteBackend(tmp_path / "none.db", read_only=True)
-    with pytest.raises(StoreError, match="never set up"):
+    with pytest.raises(StoreNotSetUp, match="never set up"):
         await missing.start()
     await missing.stop()
     assert not (tmp_path / "none.db").exists()
@@ -104,7 +104,7 @@ async def test_sqlite_read_only_creates_nothing(tmp_path: Path) -> None:
     with closing(sqlite3.connect(tmp_path / "empty.db")):
         pass
     empty = SqliteBackend(tmp_path / "empty.db", read_only=True)
-    with pytest.raises(StoreError, match="never set up"):
+    with pytest.raises(StoreNotSetUp, match="never set up"):
         await empty.start()
     await empty.stop()
     with closing(sqlite3.connect(tmp_path / "empty.db")) as conn:

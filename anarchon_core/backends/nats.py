@@ -58,7 +58,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
 from ..decision import late_error
-from ..errors import ConfigError, StoreError, StoreFormatError
+from ..errors import ConfigError, StoreError, StoreFormatError, StoreNotSetUp
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
 from ..readmodel import dump_meta, history_reader, page_jobs
@@ -350,10 +350,10 @@ class NatsBackend(ClaimOnlyBackend):
         try:
             info = await js.stream_info(self.stream)
         except NotFoundError:
-            raise StoreError(f"{self.describe()}: there is no stream {self.stream!r}, "
+            raise StoreNotSetUp(f"{self.describe()}: there is no stream {self.stream!r}, "
                              f"{never}") from None
         if not any(_subject_covers(s, self._base) for s in info.config.subjects or []):
-            raise StoreError(f"{self.describe()}: stream {self.stream!r} does not hold the "
+            raise StoreNotSetUp(f"{self.describe()}: stream {self.stream!r} does not hold the "
                              f"subjects {self._base}>, {never}")
         return info
 

@@ -46,7 +46,7 @@ from psycopg.pq import TransactionStatus
 
 from ..backend import Backend
 from ..decision import HANDED_OVER
-from ..errors import ConfigError, StoreError, StoreUnavailable
+from ..errors import ConfigError, StoreError, StoreNotSetUp, StoreUnavailable
 from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ..readmodel import dump_meta
 from ..schema import sql_names, sql_schema, sql_upgrade
@@ -296,7 +296,7 @@ class PostgresBackend(Backend):
             runs_exist, meta_exists = (yield Step("exists", {}))[0]
             if read_only:
                 if not runs_exist:
-                    raise StoreError(
+                    raise StoreNotSetUp(
                         f"{self.describe()}: table {qualified!r} does not exist, so the store "
                         "was never set up (or the table name is wrong); start a backend "
                         "without read_only=True on it first"

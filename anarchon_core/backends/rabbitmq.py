@@ -75,7 +75,7 @@ from aiormq.exceptions import ChannelAccessRefused
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
 from ..decision import late_error
-from ..errors import ConfigError, StoreError, StoreFormatError, StoreUnavailable
+from ..errors import ConfigError, StoreError, StoreFormatError, StoreNotSetUp, StoreUnavailable
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
 from ..readmodel import dump_meta, page_jobs
@@ -381,7 +381,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
                 await channel.declare_queue(self.format_queue, passive=True,
                                             timeout=self.timeout_s)
             except ChannelNotFoundEntity:
-                raise StoreError(
+                raise StoreNotSetUp(
                     f"{self.describe()}: there is no queue {self.format_queue!r}, so the "
                     "store was never set up (or the prefix is wrong); start a backend "
                     "without read_only=True on it first"

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from ..backend import Backend
 from ..decision import HANDED_OVER
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError, StoreNotSetUp
 from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ..readmodel import dump_meta
 from ..schema import sql_names, sql_schema, sql_upgrade
@@ -179,7 +179,7 @@ class SqliteBackend(Backend):
 
     def _open_read_only(self) -> sqlite3.Connection:
         if not Path(self.path).is_file():
-            raise StoreError(
+            raise StoreNotSetUp(
                 f"{self.describe()}: the file does not exist, so the store was never set up; "
                 "start a backend without read_only=True on it first"
             )
@@ -221,7 +221,7 @@ class SqliteBackend(Backend):
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)",
                 (self.table, f"{self.table}_meta"))}
             if self.table not in found:
-                raise StoreError(
+                raise StoreNotSetUp(
                     f"{self.describe()}: table {self.table!r} does not exist, so the store "
                     "was never set up (or the table name is wrong); start a backend without "
                     "read_only=True on it first"

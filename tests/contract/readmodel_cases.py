@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from anarchon_core.backend import Backend, new_token
-from anarchon_core.errors import ConfigError, ReadOnlyError, StoreError
+from anarchon_core.errors import ConfigError, ReadOnlyError, StoreNotSetUp
 from anarchon_core.models import ClaimRequest, HistoryQuery, Run, RunRef
 
 Key = tuple[int, str, bool, int]
@@ -197,7 +197,7 @@ async def read_only_refuses_writes(writer: Backend, reader: Backend) -> None:
 
 async def read_only_needs_a_store(reader: Backend) -> None:
     try:
-        with pytest.raises(StoreError, match="never set up"):
+        with pytest.raises(StoreNotSetUp, match="never set up"):
             await reader.start()
     finally:
         await reader.stop()

@@ -229,3 +229,36 @@ async def test_claim_only_handle_is_won_once_and_records_its_end(
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_on_takeover_makes_the_scheduler_a_backup_of_a_defined_job(
+    lease_store: tuple[StoreSpec, StoreHandle], namespace: str
+) -> None:
+    a = scheduler(lease_store[1].backend(namespace), "a")
+    b = Scheduler(lease_store[1].backend(namespace), instance_id="b", lease_ms=LEASE_MS,
+                  heartbeat_ms=HEARTBEAT_MS)
+    taken: list[ClaimHandle] = []
+
+    async def on_takeover(handle: ClaimHandle) -> None:
+        taken.append(handle)
+        await handle.finish("success", meta={"by": "takeover"})
+
+    b.define("job", max_late_ms=60_000, on_takeover=on_takeover)
+    await b.start()
+    try:
+        slot = past_slot()
+        first = await a.claim("job", slot)
+        assert first is not None
+        lost = await b.try_claim("job", slot)  # running elsewhere: b now watches it
+        assert isinstance(lost, NotClaimed)
+        assert lost.outcome is ClaimOutcome.RUNNING
+        first.abandon()  # the runner dies
+        await wait_until(lambda: taken, 10, "b to take the run over")
+        assert (taken[0].slot, taken[0].attempt, taken[0].runner) == (slot, 2, "b")
+        await wait_until(lambda: taken[0].ended, 5, "the takeover to record its end")
+        runs = [r for r in await b.history("job") if r.slot == slot]
+        assert [(r.attempt, r.status, r.meta) for r in runs] == [
+            (2, "success", {"by": "takeover"}), (1, "interrupted", {})]
+    finally:
+        await a.stop()
+        await b.stop()

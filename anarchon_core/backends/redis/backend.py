@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...backend import FORMAT_VERSION, Backend
-from ...errors import ConfigError, StoreError, UnsupportedStrategyError
+from ...errors import ConfigError, StoreNotSetUp, UnsupportedStrategyError
 from ...models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ...naming import validate_job_name, validate_prefix
 from ...readmodel import dump_meta, history_reader, page_jobs
@@ -197,7 +197,7 @@ class RedisBackend(Backend):
             # INFO needs more than reads; a reader runs no strategy, so skip the check.
             found = await LuaScript.load("format_read").run(conn, [key], [], read_only=True)
             if found is None:
-                raise StoreError(
+                raise StoreNotSetUp(
                     f"{self.describe()}: there is no {key!r} key, so the store was never "
                     "set up (or the prefix or database is wrong); start a backend without "
                     "read_only=True on it first"

@@ -1,0 +1,589 @@
+"""``AnarchonExecutor``: an APScheduler 3 executor that claims each firing before running it.
+
+Every process runs the same APScheduler setup. When a job is due, each process's scheduler
+hands ``(job, run_times)`` to this executor; it claims every ``(job.id, slot)`` through an
+anarchon :class:`~anarchon_core.Scheduler` (the slot is the run time without jitter, see
+:mod:`anarchon_apscheduler.triggers`) and gives only the run times it won to the inner
+executor. With a lease backend the claim is held and heartbeated until the inner run
+ends, then recorded as ``success`` or ``failed``. The anarchon scheduler is every job's
+backup (``define(on_takeover=...)``): a process that lost while the run was going on
+watches its lease, and runs whose runner and watchers are all gone are recovered; the
+process that takes a run over is given its claim and hands it to its inner executor.
+
+How APScheduler's options map (see docs/apscheduler.md):
+
+* ``misfire_grace_time`` → ``max_late_ms`` (plus the trigger's jitter); ``None`` (no
+  limit) → :data:`UNLIMITED_GRACE_MS`. A firing first claimed later than that is recorded
+  ``skipped`` and reported ``EVENT_JOB_MISSED`` by the one process that found it late.
+* ``max_instances=1`` (the default) on a lease backend → ``overlap=False``: across all
+  processes one run of the job at a time; a firing due while an earlier one still runs
+  anywhere is recorded ``skipped`` and reported ``EVENT_JOB_MAX_INSTANCES`` by one
+  process. ``max_instances > 1`` (or a claim-only backend) → ``overlap=True``, and the
+  limit counts this process's runs, as in APScheduler.
+* ``coalesce`` is APScheduler's: it decides which run times are handed over; each maps to
+  its own slot, the same on every process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from apscheduler.events import (  # type: ignore[import-untyped]
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+    JobExecutionEvent,
+    JobSubmissionEvent,
+)
+from apscheduler.executors.base import (  # type: ignore[import-untyped]
+    BaseExecutor,
+    MaxInstancesReachedError,
+)
+from apscheduler.executors.pool import (  # type: ignore[import-untyped]
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+)
+from apscheduler.job import Job  # type: ignore[import-untyped]
+
+from anarchon_core import (
+    Backend,
+    ClaimHandle,
+    ClaimOutcome,
+    ConfigError,
+    NotClaimed,
+    Scheduler,
+    StoreError,
+    SyncClaimHandle,
+    slot_to_datetime,
+)
+from anarchon_core.naming import validate_job_name
+from anarchon_core.options import JobOptions
+
+from .context import RunContext, with_context
+from .triggers import check_trigger, lateness_allowance_ms, slot_for
+
+__all__ = ["UNLIMITED_GRACE_MS", "AnarchonExecutor"]
+
+log = logging.getLogger("anarchon.apscheduler")
+
+#: ``misfire_grace_time=None`` ("run however late") is a claim window of one hour: the
+#: store must remember every firing for as long as a late claim for it could come.
+UNLIMITED_GRACE_MS = 3_600_000
+#: Job options the executor accepts as defaults for every job.
+_JOB_DEFAULTS = ("max_late_ms", "overlap", "max_attempts")
+_REFUSED = {
+    "timeout_ms": "APScheduler cannot cancel a running job function; check "
+                  "current_run().cancelled in the job instead",
+    "jitter_ms": "give the trigger a jitter instead (each process draws its own; the slot "
+                 "is the time without it)",
+    "catch_up_ms": "APScheduler's misfire_grace_time and coalesce decide what runs after "
+                   "downtime",
+}
+_JOB_SLOTS = [name for name in Job.__slots__ if name != "__weakref__"]
+#: Plans not matched with their event within this many seconds are dropped.
+_PLAN_TTL_S = 300.0
+
+
+@dataclass
+class _Plan:
+    """What the scheduler's submission event for one ``submit_job`` call becomes."""
+
+    run_times: list[datetime]
+    job_id: str
+    jobstore: str
+    submitted: list[datetime]
+    missed: list[datetime]
+    overlapped: list[datetime]
+    made: float = field(default_factory=time.monotonic)
+
+    def events(self, code: int) -> list[Any]:
+        out: list[Any] = []
+        if code == EVENT_JOB_SUBMITTED and self.submitted:
+            out.append(JobSubmissionEvent(EVENT_JOB_SUBMITTED, self.job_id, self.jobstore,
+                                          self.submitted))
+            out.extend(JobExecutionEvent(EVENT_JOB_MISSED, self.job_id, self.jobstore, t)
+                       for t in self.missed)
+        if self.overlapped:
+            out.append(JobSubmissionEvent(EVENT_JOB_MAX_INSTANCES, self.job_id,
+                                          self.jobstore, self.overlapped))
+        return out
+
+
+@dataclass
+class _Batch:
+    """The run times of one submission this process won; run one after the other."""
+
+    job: Any
+    jobstore: str
+    items: deque[tuple[datetime, SyncClaimHandle]]
+
+
+@dataclass
+class _Run:
+    batch: _Batch
+    run_time: datetime
+    handle: SyncClaimHandle
+
+
+class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
+    """An APScheduler 3 executor that runs each firing once across all processes.
+
+    :param inner: the executor that runs the jobs this process wins (default
+        ``ThreadPoolExecutor()``): ``ThreadPoolExecutor``, ``ProcessPoolExecutor``,
+        ``AsyncIOExecutor``, or another APScheduler executor.
+    :param backend: the anarchon store: a :class:`~anarchon_core.Backend`, a URL
+        (``"redis://..."``, ``"postgresql://..."``, ``"sqlite:///jobs.db"``) or None for
+        ``ANARCHON_URL``. Every process uses the same store and namespace.
+    :param scheduler: instead of ``backend``, an anarchon :class:`~anarchon_core.Scheduler`
+        to claim through (shared with other code; started here if it is not running, and
+        then stopped by :meth:`shutdown`). Its job names must not clash with job ids.
+    :param instance_id, lease_ms, heartbeat_ms, history_size, history_ttl_ms: for the
+        anarchon scheduler made from ``backend`` (see :class:`~anarchon_core.Scheduler`).
+    :param claim_timeout_s: the longest a claim may block the APScheduler thread.
+    :param job_defaults: anarchon job options for every job: ``max_late_ms`` (instead of
+        the one derived from ``misfire_grace_time``), ``overlap`` (instead of the one
+        derived from ``max_instances``), ``max_attempts`` (lease backends: attempts before a
+        run whose runners keep dying is given up; default 3).
+
+    Add it as any executor: ``BackgroundScheduler(executors={"default":
+    AnarchonExecutor(ThreadPoolExecutor(10), backend="redis://...")})``.
+    """
+
+    def __init__(self, inner: Any = None, backend: Backend | str | None = None, *,
+                 scheduler: Scheduler | None = None, instance_id: str | None = None,
+                 lease_ms: int | None = None, heartbeat_ms: int | None = None,
+                 history_size: int = 1000, history_ttl_ms: int | None = None,
+                 claim_timeout_s: float = 30.0, **job_defaults: Any) -> None:
+        super().__init__()
+        if inner is None:
+            inner = ThreadPoolExecutor()
+        if not isinstance(inner, BaseExecutor) or isinstance(inner, AnarchonExecutor):
+            raise ConfigError(f"invalid inner executor {inner!r}: expected an APScheduler "
+                              "executor (ThreadPoolExecutor, ProcessPoolExecutor, "
+                              "AsyncIOExecutor, ...)")
+        self._inner = inner
+        if scheduler is not None:
+            if backend is not None or any(v is not None for v in (
+                    instance_id, lease_ms, heartbeat_ms, history_ttl_ms)):
+                raise ConfigError("give either scheduler= or backend= (with its scheduler "
+                                  "options), not both")
+            self._anarchon = scheduler
+        else:
+            self._anarchon = Scheduler(backend, instance_id=instance_id, lease_ms=lease_ms,
+                                       heartbeat_ms=heartbeat_ms, history_size=history_size,
+                                       history_ttl_ms=history_ttl_ms)
+        for name in job_defaults:
+            if name in _REFUSED:
+                raise ConfigError(f"job option {name} does not apply to APScheduler jobs: "
+                                  f"{_REFUSED[name]}")
+            if name not in _JOB_DEFAULTS:
+                raise ConfigError(f"unknown job option {name!r}; valid: "
+                                  f"{', '.join(_JOB_DEFAULTS)}")
+        self._leases = self._anarchon.backend.supports_leases
+        JobOptions.build(None, dict(job_defaults), leases=self._leases, now_ms=0)
+        self._job_defaults: dict[str, Any] = dict(job_defaults)
+        if claim_timeout_s <= 0:
+            raise ConfigError(f"invalid claim_timeout_s {claim_timeout_s!r}: expected > 0")
+        self._claim_timeout_s = float(claim_timeout_s)
+        self._owns_anarchon = False
+        self._defined: dict[str, dict[str, Any]] = {}
+        self._define_lock = threading.RLock()
+        self._plans: dict[int, _Plan] = {}
+        self._plans_lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._batches = 0
+        self._idle = threading.Condition()
+        self._ids = itertools.count(1)
+        self._warned: set[str] = set()
+        #: The latest APScheduler job object and job store seen per job id (for takeovers).
+        self._known: dict[str, tuple[Any, str]] = {}
+        self._finisher: concurrent.futures.ThreadPoolExecutor | None = None
+        self._dispatch: Callable[[Any], None] | None = None
+        self._closing = False
+        self._stop_lock = threading.Lock()
+        self._wrap_funcs = not isinstance(inner, ProcessPoolExecutor)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The anarchon scheduler the claims go through (for ``history()``, ``sync``...)."""
+        return self._anarchon
+
+    @property
+    def inner(self) -> Any:
+        """The wrapped APScheduler executor."""
+        return self._inner
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, scheduler: Any, alias: str) -> None:
+        """Start the inner executor and the anarchon scheduler (APScheduler calls it)."""
+        super().start(scheduler, alias)
+        self._closing = False
+        self._finisher = concurrent.futures.ThreadPoolExecutor(
+            2, thread_name_prefix="anarchon-apscheduler-end")
+        self._inner.start(scheduler, alias)
+        # The inner executor reports each run's end to these; they record the claim's end.
+        self._inner._run_job_success = self._inner_success
+        self._inner._run_job_error = self._inner_error
+        if not self._anarchon.running:
+            self._anarchon.sync.start()
+            self._owns_anarchon = True
+        self._install_event_filter(scheduler)
+
+    def _install_event_filter(self, scheduler: Any) -> None:
+        # The scheduler emits EVENT_JOB_SUBMITTED for every submit_job() that returns; a
+        # firing won by another process must emit nothing here, so the event is replaced
+        # by what this process actually did (see _Plan).
+        original = scheduler._dispatch_event
+        self._dispatch = original
+
+        def dispatch(event: Any) -> None:
+            plan = self._take_plan(event)
+            if plan is None:
+                original(event)
+                return
+            for replacement in plan.events(event.code):
+                original(replacement)
+
+        scheduler._dispatch_event = dispatch
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Shut the inner executor down, record the runs' ends, stop the anarchon scheduler.
+
+        With ``wait=True`` it returns once every run has ended and its end is recorded.
+        With ``wait=False`` runs still going keep their lease until they end (or the
+        process exits); the anarchon scheduler stops after the last one.
+        """
+        self._closing = True
+        self._inner.shutdown(wait)
+        if wait and not self._on_scheduler_loop():
+            with self._idle:
+                self._idle.wait_for(lambda: self._batches == 0, timeout=None)
+        with self._idle:
+            busy = self._batches > 0
+        if not busy:
+            self._stop_anarchon()
+
+    def _on_scheduler_loop(self) -> bool:
+        # Runs of an asyncio scheduler end on its loop: waiting for them there would hang.
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return running is getattr(self._scheduler, "_eventloop", None)
+
+    def _stop_anarchon(self) -> None:
+        with self._stop_lock:
+            finisher, self._finisher = self._finisher, None
+            owns, self._owns_anarchon = self._owns_anarchon, False
+        if finisher is not None:
+            finisher.shutdown(wait=True)
+        if owns:
+            try:
+                self._anarchon.sync.stop()
+            except Exception:  # the process is shutting down; report, do not raise
+                log.exception("stopping the anarchon scheduler failed")
+
+    # ------------------------------------------------------------------ job definitions
+
+    def _options(self, job: Any) -> dict[str, Any]:
+        grace = job.misfire_grace_time
+        late = UNLIMITED_GRACE_MS if grace is None else round(float(grace) * 1000)
+        options: dict[str, Any] = {"max_late_ms": late + lateness_allowance_ms(job.trigger)}
+        if self._leases:
+            options["overlap"] = job.max_instances > 1
+        options.update(self._job_defaults)
+        return options
+
+    def _define(self, job: Any) -> dict[str, Any]:
+        check_trigger(job.id, job.trigger)
+        try:
+            validate_job_name(job.id)
+        except ConfigError as exc:
+            raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") \
+                from None
+        options = self._options(job)
+        with self._define_lock:
+            if self._defined.get(job.id) != options:
+                if job.id in self._defined:
+                    self._anarchon.remove(job.id)
+                self._anarchon.define(job.id, on_takeover=self._on_takeover, **options)
+                self._defined[job.id] = options
+        self._warn_generated_id(job)
+        return options
+
+    def _warn_generated_id(self, job: Any) -> None:
+        job_id = job.id
+        if job_id in self._warned or len(job_id) != 32 or job_id[12] != "4":
+            return
+        try:
+            int(job_id, 16)
+        except ValueError:
+            return
+        store = getattr(self._scheduler, "_jobstores", {}).get(job._jobstore_alias)
+        if getattr(store, "shares_definitions", False):
+            return
+        self._warned.add(job_id)
+        log.warning("job %r (%s) has a generated id: every process that adds it makes a job "
+                    "of its own, and each would run its firings. Give it an id: "
+                    "add_job(..., id='name', replace_existing=True)", job_id, job)
+
+    # ------------------------------------------------------------------ submission
+
+    def submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        """Claim every run time; hand the won ones to the inner executor.
+
+        Raises :class:`ConfigError` for a trigger whose run times differ per process (the
+        scheduler logs it) and ``MaxInstancesReachedError`` when the only outcome was an
+        overlap (one run of the job at a time, across processes) or this process's own
+        limit.
+        """
+        assert self._lock is not None, "This executor has not been started yet"
+        options = self._define(job)
+        overlap_across = self._leases and not options.get("overlap", False)
+        if not overlap_across:
+            with self._lock:
+                if self._instances[job.id] >= job.max_instances:
+                    raise MaxInstancesReachedError(job)
+        jobstore = job._jobstore_alias
+        self._known[job.id] = (job, jobstore)
+        won: list[tuple[datetime, SyncClaimHandle]] = []
+        missed: list[datetime] = []
+        overlapped: list[datetime] = []
+        for run_time in run_times:
+            slot = slot_for(job.trigger, run_time)
+            claim = self._claim(job, slot)
+            if claim is None:
+                continue
+            if isinstance(claim, SyncClaimHandle):
+                won.append((run_time, claim))
+            elif claim.outcome is ClaimOutcome.LATE:
+                missed.append(run_time)
+                log.warning('Run time of job "%s" was missed (slot %s): %s', job, slot,
+                            claim.reason)
+            elif claim.outcome is ClaimOutcome.OVERLAP:
+                overlapped.append(run_time)
+            elif claim.outcome is ClaimOutcome.RUNNING:
+                log.debug("%s slot %s: runs elsewhere; watched as its backup", job.id, slot)
+            elif claim.outcome is ClaimOutcome.EARLY:
+                log.warning("%s slot %s: not claimed: %s", job.id, slot, claim.reason)
+            else:
+                log.debug("%s slot %s: %s", job.id, slot, claim.reason)
+        handed = {t for t, _ in won} | set(missed)
+        plan = _Plan(run_times, job.id, jobstore, [t for t in run_times if t in handed],
+                     missed, overlapped)
+        self._add_plan(plan)
+        if not won and not missed and overlapped:
+            raise MaxInstancesReachedError(job)
+        if won:
+            self._start_batch(_Batch(job, jobstore, deque(won)))
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        """Not used: :meth:`submit_job` claims first, then gives the inner executor the job."""
+        raise NotImplementedError
+
+    def _claim(self, job: Any, slot: int) -> SyncClaimHandle | NotClaimed | None:
+        try:
+            return self._anarchon.sync.claim(job.id, slot, timeout=self._claim_timeout_s)
+        except (StoreError, TimeoutError, concurrent.futures.TimeoutError) as exc:
+            log.error("%s slot %s: could not claim (%s: %s); not run here", job.id, slot,
+                      type(exc).__name__, exc)
+            return None
+
+    def _on_takeover(self, handle: ClaimHandle) -> None:
+        """The anarchon scheduler took a run of one of our jobs over (on its event loop)."""
+        known = self._known.get(handle.job)
+        claim = SyncClaimHandle(handle, self._claim_timeout_s)
+        if known is None or self._closing:
+            # Not a job this process runs (any more): hand it over to one that does.
+            self._end_claim(claim, None)
+            return
+        job, jobstore = known
+        log.warning("%s slot %s: lease expired, taking over as attempt %s", job.id,
+                    handle.slot, handle.attempt)
+        run_time = slot_to_datetime(handle.slot)
+        # Off the anarchon loop: the inner executor and the end records block.
+        threading.Thread(target=self._in_scheduler_thread, daemon=True,
+                         name="anarchon-apscheduler-takeover",
+                         args=(lambda: self._take_over(job, jobstore, run_time, claim),)).start()
+
+    def _take_over(self, job: Any, jobstore: str, run_time: datetime,
+                   claim: SyncClaimHandle) -> None:
+        if self._closing:
+            self._end_claim(claim, None)
+            return
+        self._emit(JobSubmissionEvent(EVENT_JOB_SUBMITTED, job.id, jobstore, [run_time]))
+        self._start_batch(_Batch(job, jobstore, deque([(run_time, claim)])))
+
+    def _in_scheduler_thread(self, call: Callable[[], None]) -> None:
+        # AsyncIOExecutor must be given jobs on the event loop's thread.
+        loop = getattr(self._scheduler, "_eventloop", None)
+        if loop is not None and hasattr(loop, "call_soon_threadsafe"):
+            loop.call_soon_threadsafe(call)
+        else:
+            call()
+
+    # ------------------------------------------------------------------ runs
+
+    def _start_batch(self, batch: _Batch) -> None:
+        with self._idle:
+            self._batches += 1
+        with self._lock:
+            self._instances[batch.job.id] += 1
+        self._next(batch)
+
+    def _next(self, batch: _Batch) -> None:
+        while batch.items:
+            run_time, handle = batch.items.popleft()
+            if self._closing:
+                # Not started: hand it over so a backup runs it now.
+                self._end_claim(handle, None)
+                continue
+            clone_id = f"{batch.job.id}#anarchon-{next(self._ids)}"
+            clone = self._clone(batch.job, clone_id, run_time, handle)
+            self._runs[clone_id] = _Run(batch, run_time, handle)
+            try:
+                self._inner.submit_job(clone, [run_time])
+                return
+            except BaseException as exc:
+                self._runs.pop(clone_id, None)
+                log.exception('Error submitting job "%s" to the inner executor', batch.job)
+                self._end_claim(handle, ("failed", f"{type(exc).__name__}: {exc}"))
+        self._end_batch(batch)
+
+    def _end_batch(self, batch: _Batch) -> None:
+        assert self._lock is not None
+        with self._lock:
+            self._instances[batch.job.id] -= 1
+            if self._instances[batch.job.id] <= 0:
+                del self._instances[batch.job.id]
+        with self._idle:
+            self._batches -= 1
+            idle = self._batches == 0
+            self._idle.notify_all()
+        if idle and self._closing and self._finisher is not None:
+            threading.Thread(target=self._stop_anarchon, daemon=True).start()
+
+    def _clone(self, job: Any, clone_id: str, run_time: datetime,
+               handle: SyncClaimHandle) -> Any:
+        """The job under an id of its own, so each run's end can be told apart."""
+        clone = Job.__new__(Job)
+        for name in _JOB_SLOTS:
+            with contextlib.suppress(AttributeError):
+                setattr(clone, name, getattr(job, name))
+        clone.id = clone_id
+        if handle.attempt > 1:
+            # A takeover comes a lease after the run time by design; the claim allowed it.
+            clone.misfire_grace_time = None
+        if self._wrap_funcs:
+            context = RunContext(job.id, run_time, handle.slot, handle.attempt, handle.token,
+                                 self._anarchon.instance_id, handle)
+            clone.func = with_context(job.func, context)
+        return clone
+
+    def _inner_success(self, clone_id: str, events: list[Any]) -> None:
+        self._release_inner(clone_id)
+        run = self._runs.pop(clone_id, None)
+        if run is None:
+            for event in events:
+                self._emit(event)
+            return
+        job_id = run.batch.job.id
+        end: tuple[str, str | None] = ("failed", "the executor reported no result")
+        for event in events:
+            event.job_id = job_id
+            if event.code == EVENT_JOB_EXECUTED:
+                end = ("success", None)
+            elif event.code == EVENT_JOB_ERROR:
+                exc = event.exception
+                end = ("failed", f"{type(exc).__name__}: {exc}")
+            elif event.code == EVENT_JOB_MISSED:
+                end = ("failed", "missed: the job waited in the executor past its "
+                                 "misfire_grace_time")
+        self._end_claim(run.handle, end)
+        for event in events:
+            self._emit(event)
+        self._next(run.batch)
+
+    def _inner_error(self, clone_id: str, exc: BaseException, traceback: Any = None) -> None:
+        self._release_inner(clone_id)
+        run = self._runs.pop(clone_id, None)
+        job_id = run.batch.job.id if run is not None else clone_id
+        if isinstance(exc, (asyncio.CancelledError, concurrent.futures.CancelledError)):
+            # Cancelled by the executor's shutdown: hand the run over to a backup.
+            if run is not None:
+                self._end_claim(run.handle, None)
+                self._next(run.batch)
+            return
+        log.error("Error running job %s", job_id, exc_info=(type(exc), exc, traceback))
+        if run is not None:
+            self._end_claim(run.handle, ("failed", f"{type(exc).__name__}: {exc}"))
+            self._next(run.batch)
+
+    def _release_inner(self, clone_id: str) -> None:
+        # The inner executor counts each clone as one running instance; end that count.
+        type(self._inner)._run_job_success(self._inner, clone_id, [])
+
+    def _end_claim(self, handle: SyncClaimHandle, end: tuple[str, str | None] | None) -> None:
+        """Record a run's end (None: hand it over) without blocking the calling thread."""
+        def record() -> None:
+            try:
+                if end is None:
+                    handle.release()
+                elif not handle.finish(end[0], end[1]):
+                    log.warning("%s slot %s attempt %s: its end was not recorded: another "
+                                "attempt took over", handle.job, handle.slot, handle.attempt)
+            except Exception:  # logged; the lease then expires and a backup decides
+                log.exception("%s slot %s: recording the end failed", handle.job,
+                              handle.slot)
+
+        finisher = self._finisher
+        if finisher is None:
+            record()
+            return
+        try:
+            finisher.submit(record)
+        except RuntimeError:  # shut down meanwhile
+            record()
+
+    # ------------------------------------------------------------------ events
+
+    def _emit(self, event: Any) -> None:
+        dispatch = self._dispatch
+        if dispatch is not None:
+            dispatch(event)
+
+    def _add_plan(self, plan: _Plan) -> None:
+        now = time.monotonic()
+        with self._plans_lock:
+            for key in [k for k, p in self._plans.items() if now - p.made > _PLAN_TTL_S]:
+                del self._plans[key]
+            self._plans[id(plan.run_times)] = plan
+
+    def _take_plan(self, event: Any) -> _Plan | None:
+        if not isinstance(event, JobSubmissionEvent) or event.code not in (
+                EVENT_JOB_SUBMITTED, EVENT_JOB_MAX_INSTANCES):
+            return None
+        with self._plans_lock:
+            plan = self._plans.get(id(event.scheduled_run_times))
+            if plan is None or plan.run_times is not event.scheduled_run_times:
+                return None
+            del self._plans[id(event.scheduled_run_times)]
+        return plan
+
+    def __repr__(self) -> str:
+        return (f"<AnarchonExecutor inner={type(self._inner).__name__} "
+                f"backend={self._anarchon.backend.describe()}>")

@@ -1,0 +1,213 @@
+"""The admin: "Jobs" and "Run history", over the store of any backend.
+
+"Jobs": schedule, next run, last status, recent slots, run now. "Run history": read-only,
+filtered, searched and paginated through the read model.
+
+Both pages are custom views over the store, for every backend; the models behind the two
+index entries have no table (see :mod:`anarchon_django.models`). Staff only: viewing needs
+``anarchon_django.view_job`` / ``view_run``, "run now" needs ``anarchon_django.run_job``.
+Nothing can be added, changed or deleted.
+
+With a custom admin site, register them on it::
+
+    site.register(anarchon_django.models.Job, anarchon_django.admin.JobAdmin)
+    site.register(anarchon_django.models.Run, anarchon_django.admin.RunHistoryAdmin)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from anarchon_core import Scheduler
+
+from . import runtime, views
+from .models import Job, Run
+
+__all__ = ["JobAdmin", "RunHistoryAdmin"]
+
+log = logging.getLogger("anarchon.django")
+RUN_PERMISSION = "anarchon_django.run_job"
+
+
+class _StoreAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """An admin entry over the store: view-only, no add, change or delete."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Runs are made by the scheduler, never by hand."""
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """History is read-only."""
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """History is trimmed by the store (``HISTORY_SIZE``), never deleted by hand."""
+        return False
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {**self.admin_site.each_context(request), "opts": self.model._meta,
+                "title": title, "has_view_permission": True,
+                "can_run": _can_run(request),
+                "zone": timezone.get_current_timezone_name(), **extra}
+
+    def _guard(self, request: HttpRequest) -> None:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+
+
+def _can_run(request: HttpRequest) -> bool:
+    user: Any = request.user  # any user model: has_perm is what the admin relies on
+    return bool(user.is_active and user.is_staff and user.has_perm(RUN_PERMISSION))
+
+
+def _reader(errors: list[str]) -> Scheduler | None:
+    try:
+        return runtime.get_reader()
+    except Exception as exc:  # noqa: BLE001 - the page shows what is wrong
+        errors.append(views.store_error(exc))
+        return None
+
+
+def _scheduler(errors: list[str]) -> Scheduler | None:
+    try:
+        return runtime.get_scheduler()
+    except Exception as exc:  # noqa: BLE001
+        errors.append(views.store_error(exc))
+        return None
+
+
+@admin.register(Run)
+class RunHistoryAdmin(_StoreAdmin):
+    """Run history: one row per attempt, newest first; filters job, status, runner; search."""
+
+    def get_urls(self) -> list[URLPattern]:
+        """Only the list: there is no add, change or delete page."""
+        return [path("", self.admin_site.admin_view(self.run_history_view),
+                     name="anarchon_django_run_changelist")]
+
+    def run_history_view(self, request: HttpRequest) -> HttpResponse:
+        """The history list (GET ``?job=&status=&runner=&q=&n=&before=``)."""
+        self._guard(request)
+        errors: list[str] = []
+        get = request.GET
+        job = get.get("job") or None
+        status = get.get("status") or None
+        if status not in (None, *views.STATUSES):
+            status = None
+        runner = (get.get("runner") or "").strip() or None
+        search = (get.get("q") or "").strip() or None
+        try:
+            limit = int(get.get("n", "50"))
+        except ValueError:
+            limit = 50
+        limit = min(max(limit, 1), max(views.PAGE_SIZES))
+        before = get.get("before") or None
+        reader = _reader(errors)
+        scheduler = _scheduler(errors)
+        page = views.HistoryPage([], None)
+        if reader is not None:
+            try:
+                page = views.history_page(reader, job=job, status=status, runner=runner,
+                                          search=search, limit=limit, before=before)
+            except Exception as exc:  # noqa: BLE001 - a store error or a bad cursor
+                errors.append(views.store_error(exc))
+        declared = {j.name for j in scheduler.jobs()} if scheduler is not None else set()
+        filters = {k: v for k, v in (("job", job), ("status", status), ("runner", runner),
+                                     ("q", search), ("n", str(limit) if limit != 50 else None))
+                   if v}
+        rows = [{"run": r, "scheduled": views.local(r.scheduled_at),
+                 "started": views.local(r.started_at), "finished": views.local(r.finished_at),
+                 "meta": sorted(r.meta.items())} for r in page.runs]
+        context = self._context(
+            request, "Run history", runs=rows, page=page, errors=errors,
+            jobs=views.job_choices(scheduler, reader), statuses=views.STATUSES,
+            page_sizes=views.PAGE_SIZES, job=job, status=status, runner=runner,
+            search=search, limit=limit, first_page=before is None,
+            runners=sorted({r.runner for r in page.runs}),
+            next_url=("?" + urlencode({**filters, "before": page.cursor}))
+            if page.cursor else None,
+            newest_url="?" + urlencode(filters),
+            run_now_job=job if job in declared else None,
+            run_url=reverse(f"{self.admin_site.name}:anarchon_django_job_run"),
+            backend=reader.backend.describe() if reader is not None else "",
+        )
+        return TemplateResponse(request, "admin/anarchon_django/history.html", context)
+
+
+@admin.register(Job)
+class JobAdmin(_StoreAdmin):
+    """Jobs: schedule, next run, last status, a timeline of recent slots, "run now"."""
+
+    def get_urls(self) -> list[URLPattern]:
+        """The job table and the "run now" action."""
+        return [
+            path("", self.admin_site.admin_view(self.jobs_view),
+                 name="anarchon_django_job_changelist"),
+            path("run/", self.admin_site.admin_view(self.run_now_view),
+                 name="anarchon_django_job_run"),
+        ]
+
+    def jobs_view(self, request: HttpRequest) -> HttpResponse:
+        """The job table."""
+        self._guard(request)
+        errors: list[str] = []
+        scheduler = _scheduler(errors)
+        reader = _reader(errors)
+        rows: list[views.JobRow] = []
+        if scheduler is not None:
+            rows, error = views.job_rows(scheduler, reader)
+            if error:
+                errors.append(error)
+        context = self._context(
+            request, "Jobs", rows=rows, errors=errors,
+            history_url=reverse(f"{self.admin_site.name}:anarchon_django_run_changelist"),
+            run_url=reverse(f"{self.admin_site.name}:anarchon_django_job_run"),
+            backend=scheduler.backend.describe() if scheduler is not None else "",
+            instance=scheduler.instance_id if scheduler is not None else "",
+            running_here=bool(scheduler and scheduler.running),
+        )
+        return TemplateResponse(request, "admin/anarchon_django/jobs.html", context)
+
+    def run_now_view(self, request: HttpRequest) -> HttpResponse:
+        """POST ``job=<name>``: run the job now in this process, recorded as manual."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not _can_run(request):
+            raise PermissionDenied
+        name = request.POST.get("job", "")
+        history = reverse(f"{self.admin_site.name}:anarchon_django_run_changelist")
+        target = request.POST.get("next") or f"{history}?{urlencode({'job': name})}"
+        if not url_has_allowed_host_and_scheme(target, {request.get_host()},
+                                               require_https=request.is_secure()):
+            target = history
+        errors: list[str] = []
+        scheduler = _scheduler(errors)
+        if scheduler is None or name not in {j.name for j in scheduler.jobs()}:
+            messages.error(request, errors[0] if errors else
+                           f"No job named {name!r} is declared in this project.")
+            return HttpResponseRedirect(target)
+        who = request.user.get_username()
+        log.info("%s asked to run %r now", who, name)
+        result = views.run_now(name, who=who)
+        if result.error:
+            messages.error(request, f"{name}: the run could not start: {result.error}")
+        elif result.run is None:
+            messages.info(request, f"{name}: running now in this process; it shows as "
+                          "running below until it ends.")
+        elif result.run.status == "success":
+            messages.success(request, f"{name}: manual run succeeded in "
+                             f"{result.run.duration_ms} ms.")
+        else:
+            messages.warning(request, f"{name}: manual run ended {result.run.status}: "
+                             f"{result.run.error or 'no error text'}")
+        return HttpResponseRedirect(target)

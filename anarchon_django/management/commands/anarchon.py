@@ -1,0 +1,332 @@
+"""``python manage.py anarchon``: the scheduler worker; ``jobs``, ``history``, ``run``, ``check``.
+
+Without a subcommand it runs the worker until SIGTERM or SIGINT, then stops gracefully
+(handlers are asked to stop, unfinished runs are handed over to the other instances).
+Exit status: 0 on success; 1 when a store or a job failed (``run`` exits 1 unless the run
+succeeded); 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from django.core import checks
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from anarchon_core import (
+    AnarchonError,
+    Run,
+    RunPage,
+    Scheduler,
+    StoreError,
+    StoreFormatError,
+    StoreUnavailable,
+)
+from anarchon_core.cli.main import MAX_COUNT
+
+from ... import conf, registry, runtime
+from ...views import STATUSES, local, not_set_up, store_error
+
+log = logging.getLogger("anarchon.django")
+T = TypeVar("T")
+#: Longest wait between two attempts to start the worker while the store is down.
+_START_RETRY_MAX_S = 30.0
+
+
+def _count(text: str) -> int:
+    """``-n``: 1 to the core CLI's :data:`~anarchon_core.cli.main.MAX_COUNT`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_COUNT}, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86_400:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 86400, got {text!r}")
+    return value
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no user name in the environment or the password database
+        return "unknown user"
+
+
+def _when(run: Run | None) -> str:
+    moment = local(run.scheduled_at) if run is not None else None
+    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def format_runs(runs: Sequence[Run]) -> str:
+    """History as a text table, newest first (times in the current time zone)."""
+    lines = [f"{'scheduled':<19}  {'job':<24} {'att':>3}  {'status':<11} {'ms':>7}  "
+             "runner / error"]
+    for r in runs:
+        tail = r.runner + (f"  {r.error}" if r.error else "") + ("  (manual)" if r.manual else "")
+        if r.meta:
+            tail += "  " + " ".join(f"{k}={v}" for k, v in sorted(r.meta.items()))
+        ms = "" if r.duration_ms is None else str(r.duration_ms)
+        lines.append(f"{_when(r):<19}  {r.job:<24} {r.attempt:>3}  {r.status:<11} {ms:>7}  "
+                     f"{tail}")
+    return "\n".join(lines)
+
+
+class Command(BaseCommand):
+    """Run the anarchon worker, or inspect and run the project's jobs."""
+
+    help = ("Run the anarchon scheduler worker (no subcommand), or: jobs, history [JOB], "
+            "run JOB, check.")
+    # `check` runs them; the worker must start fast. (Django reads it per instance.)
+    requires_system_checks = []  # noqa: RUF012
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        """The subcommands; the worker takes no arguments."""
+        sub = parser.add_subparsers(dest="subcommand", metavar="{jobs,history,run,check}")
+        sub.add_parser("jobs", help="the declared jobs: schedule, next run, last result")
+        history = sub.add_parser("history", help="runs, newest first")
+        history.add_argument("job", nargs="?", help="only this job")
+        history.add_argument("-n", type=_count, default=20, dest="limit",
+                             help=f"how many runs (1 to {MAX_COUNT}, default 20)")
+        history.add_argument("--status", choices=STATUSES)
+        history.add_argument("--runner", help="only runs of this instance id")
+        run = sub.add_parser("run", help="run a job now in this process (exit 0 if it "
+                             "succeeded)")
+        run.add_argument("job")
+        sub.add_parser("check", help="settings, store reachable, store format")
+        for p in (parser, *sub.choices.values()):
+            p.add_argument("--timeout", type=_seconds, default=30.0,
+                           help="seconds to wait for the store (default 30)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Dispatch to the subcommand."""
+        command = options.get("subcommand")
+        handlers: dict[str | None, Callable[[dict[str, Any]], None]] = {
+            None: self.worker, "jobs": self.jobs, "history": self.history, "run": self.run,
+            "check": self.check_store,
+        }
+        handlers[command](options)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _read(self, options: dict[str, Any],
+              work: Callable[[Scheduler], Awaitable[T]]) -> T:
+        """Run ``work`` on a fresh read-only reader, bounded by ``--timeout``."""
+        reader = runtime.build_scheduler(read_only=True)
+        timeout = options["timeout"]
+
+        async def go() -> T:
+            try:
+                return await asyncio.wait_for(work(reader), timeout)
+            except asyncio.TimeoutError:
+                raise StoreUnavailable(f"no answer from {reader.backend.describe()} within "
+                                       f"{timeout:g} s (--timeout sets the limit)") from None
+            finally:
+                try:
+                    await asyncio.wait_for(reader.stop(), 5)
+                except Exception:  # closing must not hide the real error
+                    log.debug("closing the reader failed", exc_info=True)
+
+        return asyncio.run(go())
+
+    # ------------------------------------------------------------------ subcommands
+
+    def jobs(self, options: dict[str, Any]) -> None:
+        """The declared jobs with their schedule, next run and last result."""
+        scheduler = runtime.build_scheduler()
+        jobs = scheduler.jobs()
+        last: dict[str, Run | None] = {}
+        failure: str | None = None
+        note = ""
+        try:
+            last = self._read(options, lambda r: r.job_names())
+        except (AnarchonError, OSError) as exc:
+            if not_set_up(exc):
+                note = "(no run recorded yet: the store is set up when a worker starts)"
+            else:
+                failure = store_error(exc)
+        zone = timezone.get_current_timezone_name()
+        self.stdout.write(f"{'job':<24} {'schedule':<34} {'next run (' + zone + ')':<26} "
+                          "last result")
+        for job in jobs:
+            run = last.get(job.name)
+            result = (f"{run.status} {_when(run)} on {run.runner}" if run is not None
+                      else "?" if failure else "never ran")
+            when = local(job.next_run_at)
+            self.stdout.write(f"{job.name:<24} {job.schedule:<34} "
+                              f"{when.strftime('%Y-%m-%d %H:%M:%S') if when else '':<26} "
+                              f"{result}")
+        if not jobs:
+            self.stdout.write("(no jobs declared: add @anarchon_django.every/cron in an "
+                              "app's jobs.py)")
+        if note:
+            self.stdout.write(note)
+        if failure:
+            raise CommandError(f"could not read the last results: {failure}", returncode=1)
+
+    def history(self, options: dict[str, Any]) -> None:
+        """Runs newest first, optionally of one job, status or runner."""
+        job, limit = options.get("job"), options["limit"]
+        try:
+            runs = self._read(options, lambda r: r.history(
+                job, limit, status=options.get("status"), runner=options.get("runner")))
+        except (AnarchonError, OSError) as exc:
+            if not not_set_up(exc):
+                raise CommandError(f"could not read history: {store_error(exc)}",
+                                   returncode=1) from exc
+            runs = RunPage()
+        if runs:
+            self.stdout.write(format_runs(runs))
+        else:
+            self.stdout.write(f"no runs{' of ' + repr(job) if job else ''}")
+
+    def run(self, options: dict[str, Any]) -> None:
+        """Run a job now in this process; exit status 0 only if it succeeded."""
+        name = options["job"]
+        scheduler = runtime.build_scheduler()
+        if name not in {j.name for j in scheduler.jobs()}:
+            known = ", ".join(sorted(d.name for d in registry.declarations())) or "none"
+            raise CommandError(f"unknown job {name!r}; declared: {known}", returncode=2)
+
+        async def go() -> Run:
+            try:
+                return await scheduler.run_now(name)
+            finally:
+                await scheduler.stop()
+
+        try:
+            with runtime.requested_by(f"manage.py anarchon run ({_user()})"):
+                run = asyncio.run(go())
+        except (AnarchonError, OSError) as exc:
+            raise CommandError(f"{name}: could not run: {store_error(exc)}",
+                               returncode=1) from exc
+        self.stdout.write(format_runs([run]))
+        if run.status != "success":
+            raise CommandError(f"{name}: {run.status}: {run.error or 'no error text'}",
+                               returncode=1)
+
+    def check_store(self, options: dict[str, Any]) -> None:
+        """Settings (the system checks), then the store: reachable, format, clock."""
+        found = checks.run_checks(tags=["anarchon"])
+        errors = [m for m in found if m.is_serious()]
+        for message in found:
+            (self.stderr if message.is_serious() else self.stdout).write(str(message))
+        if errors:
+            raise CommandError(f"settings: {len(errors)} error(s)", returncode=1)
+        parsed = conf.load()
+        self.stdout.write(f"settings: ok ({len(registry.declarations())} job(s) declared)")
+
+        async def probe(reader: Scheduler) -> float:
+            await reader.job_names()
+            before = time.time() * 1000
+            store_ms = await reader.backend.clock_ms()
+            return store_ms - (before + time.time() * 1000) / 2
+
+        try:
+            skew = self._read(options, probe)
+        except StoreFormatError as exc:
+            raise CommandError(f"store format: {store_error(exc)}", returncode=1) from exc
+        except StoreUnavailable as exc:
+            raise CommandError(f"store unreachable: {store_error(exc)}", returncode=1) from exc
+        except StoreError as exc:
+            if parsed.database is not None:
+                raise CommandError(f"store: {store_error(exc)} (run manage.py migrate)",
+                                   returncode=1) from exc
+            self.stdout.write(f"store: reachable, not set up yet; the worker sets it up on "
+                              f"start ({store_error(exc)})")
+            return
+        except (AnarchonError, OSError) as exc:
+            raise CommandError(f"store: {store_error(exc)}", returncode=1) from exc
+        backend = conf.build_backend(parsed).describe()
+        self.stdout.write(f"store: ok, {backend}")
+        self.stdout.write("format: ok")
+        self.stdout.write(f"clock: this machine is {-skew:+.0f} ms off the store's clock")
+
+    # ------------------------------------------------------------------ the worker
+
+    def worker(self, options: dict[str, Any]) -> None:
+        """Run the project's scheduler until SIGTERM/SIGINT, then stop with hand-over."""
+        _ensure_logging(options.get("verbosity", 1))
+        scheduler = runtime.get_scheduler()
+        names = [j.name for j in scheduler.jobs()]
+        if not names:
+            log.warning("no jobs declared: add @anarchon_django.every/cron in an app's "
+                        "jobs.py")
+        asyncio.run(_work(scheduler, names))
+
+
+async def _work(scheduler: Scheduler, names: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            # A second Ctrl-C means "now"; a repeated SIGTERM (a supervisor signalling the
+            # whole process group) does not cut the graceful stop short.
+            if sig is signal.SIGINT and received and received[0] == "SIGINT":
+                log.warning("SIGINT again: exiting now; unfinished runs' leases expire on "
+                            "their own")
+                os._exit(130)
+            return
+        received.append(sig.name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            await scheduler.start()
+            break
+        except StoreUnavailable as exc:
+            log.warning("store unavailable (%s); retrying in %.0f s", exc, delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                delay = min(delay * 2, _START_RETRY_MAX_S)
+    if stop.is_set() and not scheduler.running:
+        return
+    log.info("anarchon worker %s running %d job(s) (%s) on %s; stop with SIGTERM or Ctrl-C",
+             scheduler.instance_id, len(names), ", ".join(names) or "none",
+             scheduler.backend.describe())
+    await stop.wait()
+    log.info("%s: stopping; unfinished runs are handed over", received[0] if received else
+             "stop")
+    await scheduler.stop()
+    log.info("anarchon worker %s stopped", scheduler.instance_id)
+
+
+def _ensure_logging(verbosity: int) -> None:
+    """Show the worker's log lines when the project's LOGGING does not route them.
+
+    A project whose LOGGING configures the ``anarchon`` logger or the root logger decides
+    itself; otherwise the lines go to stderr (INFO; DEBUG with ``-v 2``; WARNING with
+    ``-v 0``).
+    """
+    logger = logging.getLogger("anarchon")
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level)

@@ -1,0 +1,1 @@
+"""Migrations: the runs table of database backends."""

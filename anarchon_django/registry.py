@@ -1,0 +1,156 @@
+"""Job declarations: ``@anarchon_django.every(...)`` and ``@anarchon_django.cron(...)``.
+
+A decorator records a :class:`Declaration` (validated at once: the name and the schedule)
+and returns the function unchanged. The project's scheduler is built later, from the
+settings, with every declaration registered (see :mod:`anarchon_django.runtime`); a
+declaration made after that is added to it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, overload
+
+from anarchon_core import ConfigError, CronSchedule, EverySchedule, Schedule
+from anarchon_core.durations import Duration
+from anarchon_core.naming import validate_job_name
+
+__all__ = ["Declaration", "cron", "declarations", "every", "forget"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_lock = threading.RLock()
+_declared: dict[str, Declaration] = {}
+#: Called with each new declaration (the runtime adds it to a scheduler already built).
+_listeners: list[Callable[[Declaration], None]] = []
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One job declared in a ``jobs.py``: its schedule, handler and options.
+
+    ``tz`` is None for a cron job that follows ``settings.TIME_ZONE``.
+    """
+
+    name: str
+    kind: Literal["every", "cron"]
+    spec: Any
+    handler: Callable[..., Any]
+    offset: Any = 0
+    tz: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def module(self) -> str:
+        """The module that declared the job (``shop.jobs``)."""
+        return str(getattr(self.handler, "__module__", "?"))
+
+    def zone(self) -> str:
+        """The cron time zone: ``tz``, else ``settings.TIME_ZONE``, else UTC."""
+        if self.tz is not None:
+            return self.tz
+        from django.conf import settings  # noqa: PLC0415 - read when needed, not at import
+
+        return (getattr(settings, "TIME_ZONE", None) or "UTC") if settings.configured \
+            else "UTC"
+
+    def schedule(self) -> Schedule:
+        """A fresh schedule object (ConfigError for a bad interval, expression or zone)."""
+        if self.kind == "every":
+            return EverySchedule(self.spec, self.offset)
+        return CronSchedule(self.spec, self.zone())
+
+
+def _declare(declaration: Declaration) -> None:
+    validate_job_name(declaration.name)
+    declaration.schedule()
+    if not callable(declaration.handler):
+        raise ConfigError(f"invalid handler {declaration.handler!r} for job "
+                          f"{declaration.name!r}: not callable")
+    with _lock:
+        old = _declared.get(declaration.name)
+        if old is not None and _key(old) != _key(declaration):
+            raise ConfigError(
+                f"job {declaration.name!r} is declared twice: in {old.module} and in "
+                f"{declaration.module}; job names are unique across the project")
+        _declared[declaration.name] = declaration
+        listeners = list(_listeners)
+    if old is None:
+        for listener in listeners:
+            listener(declaration)
+
+
+def _key(d: Declaration) -> tuple[str, str]:
+    # The same function declared again (a module imported under two names, a reload) is
+    # the same job, not a clash.
+    return d.module, str(getattr(d.handler, "__qualname__", d.handler))
+
+
+@overload
+def every(name: str, interval: Duration, handler: None = None, *, offset: Duration = 0,
+          **options: Any) -> Callable[[F], F]: ...
+@overload
+def every(name: str, interval: Duration, handler: F, *, offset: Duration = 0,
+          **options: Any) -> F: ...
+
+
+def every(name: str, interval: Duration, handler: Callable[..., Any] | None = None, *,
+          offset: Duration = 0, **options: Any) -> Any:
+    """Declare a job on the epoch grid, e.g. ``@every("expire-carts", "5m")``.
+
+    ``interval`` and ``offset`` as in :meth:`anarchon_core.Scheduler.every`; ``options``
+    (``timeout_ms``, ``jitter_ms``, ``max_late_ms``, ``overlap``, ``max_attempts``,
+    ``catch_up_ms``) override ``ANARCHON['JOB_DEFAULTS']``. The handler receives a
+    :class:`~anarchon_core.JobContext`; plain ``def`` handlers may use the ORM.
+    """
+
+    def add(fn: F) -> F:
+        _declare(Declaration(name, "every", interval, fn, offset=offset, options=options))
+        return fn
+
+    return add if handler is None else add(handler)
+
+
+@overload
+def cron(name: str, expression: str, handler: None = None, *, tz: str | None = None,
+         **options: Any) -> Callable[[F], F]: ...
+@overload
+def cron(name: str, expression: str, handler: F, *, tz: str | None = None,
+         **options: Any) -> F: ...
+
+
+def cron(name: str, expression: str, handler: Callable[..., Any] | None = None, *,
+         tz: str | None = None, **options: Any) -> Any:
+    """Declare a cron job, e.g. ``@cron("daily-report", "0 8 * * *")``.
+
+    The expression is read in ``tz``, by default the project's ``TIME_ZONE`` (UTC when
+    unset). Options as for :func:`every`.
+    """
+    if tz is not None and not isinstance(tz, str):
+        raise ConfigError(f"invalid tz {tz!r} for job {name!r}: expected an IANA zone name")
+
+    def add(fn: F) -> F:
+        _declare(Declaration(name, "cron", expression, fn, tz=tz, options=options))
+        return fn
+
+    return add if handler is None else add(handler)
+
+
+def declarations() -> list[Declaration]:
+    """Every declared job, in declaration order."""
+    with _lock:
+        return list(_declared.values())
+
+
+def forget(name: str) -> bool:
+    """Drop a declaration (for tests); a scheduler built already keeps the job."""
+    with _lock:
+        return _declared.pop(name, None) is not None
+
+
+def add_listener(listener: Callable[[Declaration], None]) -> None:
+    """Call ``listener`` with every declaration made from now on."""
+    with _lock:
+        _listeners.append(listener)

@@ -1,0 +1,1 @@
+"""The example shop project (settings, URLs, WSGI/ASGI)."""

@@ -1,0 +1,8 @@
+"""The example's URLs: the admin shows the jobs and their history."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]

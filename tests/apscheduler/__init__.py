@@ -1,0 +1,1 @@
+"""Tests of the APScheduler 3 adapter (anarchon_apscheduler)."""

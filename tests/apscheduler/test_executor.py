@@ -1,0 +1,265 @@
+"""The executor and job store in one process: slots, refusals, and the events users see.
+
+Two BackgroundSchedulers in one process, each with its own AnarchonExecutor (its own
+anarchon scheduler and connection) on one SQLite store, behave as two processes would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apscheduler.events import (
+    EVENT_ALL,
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+)
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.memory import MemoryJobStore
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.combining import OrTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.date import DateTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from anarchon_apscheduler import (
+    EPOCH,
+    AnarchonExecutor,
+    AnarchonJobStore,
+    check_trigger,
+    current_run,
+    slot_for,
+)
+from anarchon_core import ConfigError, slot_from_datetime
+from tests.support.procs import read_history
+
+UTC = timezone.utc
+START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def _run_times(trigger: Any, count: int, now: datetime = START) -> list[datetime]:
+    out, previous = [], None
+    for _ in range(count):
+        previous = trigger.get_next_fire_time(previous, now if previous is None else previous)
+        out.append(previous)
+    return out
+
+
+# ---------------------------------------------------------------------- slots
+
+
+def test_cron_with_jitter_maps_every_process_to_the_same_slots() -> None:
+    trigger = CronTrigger(second="*/5", jitter=2, timezone="UTC")
+    processes = [[slot_for(trigger, t) for t in _run_times(trigger, 100)] for _ in range(3)]
+    expected = [slot_from_datetime(START + timedelta(seconds=5 * i)) for i in range(100)]
+    assert processes == [expected] * 3
+
+
+def test_interval_with_jitter_drifts_through_its_grid_without_doubling_a_cell() -> None:
+    trigger = IntervalTrigger(seconds=10, start_date=EPOCH, jitter=4)
+    slots = [slot_for(trigger, t) for t in _run_times(trigger, 200)]
+    assert all(s % 10_000 == 0 for s in slots)
+    assert len(slots) == len(set(slots)), "two run times of one process in one cell"
+
+
+def test_interval_without_jitter_is_its_run_time_despite_float_rounding() -> None:
+    trigger = IntervalTrigger(seconds=0.1, start_date=EPOCH)
+    for run_time in _run_times(trigger, 50):
+        assert slot_for(trigger, run_time) % 100 == 0
+    by_hand = START + timedelta(milliseconds=3_456)
+    assert slot_for(trigger, by_hand) == slot_from_datetime(by_hand)
+
+
+def test_or_trigger_with_jitter_and_date_trigger() -> None:
+    trigger = OrTrigger([CronTrigger(second="7", timezone="UTC"),
+                         CronTrigger(second="37", timezone="UTC")], jitter=3)
+    assert [slot_for(trigger, t) % 60_000 for t in _run_times(trigger, 6)] == \
+        [7_000, 37_000] * 3
+    date = DateTrigger(run_date=START + timedelta(microseconds=1_400))
+    assert slot_for(date, date.run_date) == slot_from_datetime(START) + 1
+
+
+def test_interval_without_start_date_is_refused_naming_the_job() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_trigger("sync-orders", IntervalTrigger(minutes=5))
+    message = str(info.value)
+    assert "job 'sync-orders'" in message
+    assert "no fixed start_date" in message
+    assert "start_date=" in message
+    check_trigger("fine", IntervalTrigger(minutes=5, start_date="2024-01-01 00:00:00"))
+    with pytest.raises(ConfigError, match="job 'combined'"):
+        check_trigger("combined", OrTrigger([CronTrigger(hour=1),
+                                             IntervalTrigger(seconds=30)]))
+
+
+# ---------------------------------------------------------------------- schedulers
+
+
+class Pair:
+    """Two APScheduler schedulers ("processes") on one store, with their events."""
+
+    def __init__(self, url: str, **executor_options: Any) -> None:
+        self.events: dict[str, list[Any]] = {"a": [], "b": []}
+        self.schedulers: dict[str, BackgroundScheduler] = {}
+        self.triggers: dict[str, Any] = {}
+        for name in ("a", "b"):
+            executor = AnarchonExecutor(ThreadPoolExecutor(4), backend=url, instance_id=name,
+                                        **executor_options)
+            scheduler = BackgroundScheduler(executors={"default": executor}, timezone="UTC")
+            scheduler.add_listener(self.events[name].append, EVENT_ALL)
+            self.schedulers[name] = scheduler
+
+    def add_job(self, *args: Any, **kwargs: Any) -> None:
+        for scheduler in self.schedulers.values():
+            self.triggers[kwargs["id"]] = scheduler.add_job(*args, **kwargs).trigger
+
+    def run(self, seconds: float) -> None:
+        for scheduler in self.schedulers.values():
+            scheduler.start()
+        time.sleep(seconds)
+        for scheduler in self.schedulers.values():
+            scheduler.shutdown()
+
+    def by_slot(self, job: str, code: int) -> dict[int, list[tuple[str, Any]]]:
+        """Slot → (scheduler, event) of every event ``code`` of ``job``."""
+        trigger = self.triggers[job]
+        out: dict[int, list[tuple[str, Any]]] = defaultdict(list)
+        for name, events in self.events.items():
+            for event in events:
+                if event.code != code or getattr(event, "job_id", None) != job:
+                    continue
+                times = getattr(event, "scheduled_run_times", None) or \
+                    [event.scheduled_run_time]
+                for run_time in times:
+                    out[slot_for(trigger, run_time)].append((name, event))
+        return out
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'runs.db'}"
+
+
+RAN: list[tuple[str, int, int]] = []
+LOCK = threading.Lock()
+
+
+def ok() -> int:
+    run = current_run()
+    assert run is not None
+    with LOCK:
+        RAN.append((run.job_id, run.slot, run.attempt))
+    return 42
+
+
+def bad() -> None:
+    raise ValueError("boom")
+
+
+def slow() -> None:
+    with LOCK:
+        RAN.append(("slow-start", time.monotonic_ns(), 0))
+    time.sleep(2.2)
+    with LOCK:
+        RAN.append(("slow-end", time.monotonic_ns(), 0))
+
+
+def test_events_come_from_the_process_that_ran_the_firing(url: str) -> None:
+    RAN.clear()
+    pair = Pair(url)
+    pair.add_job(ok, "cron", second="*", id="ok", jitter=0.3)
+    pair.add_job(bad, "cron", second="*", id="bad")
+    pair.run(4.5)
+    ran = Counter(slot for job, slot, _ in RAN if job == "ok")
+    assert ran, "nothing ran"
+    assert set(ran.values()) == {1}, ran
+    submitted = pair.by_slot("ok", EVENT_JOB_SUBMITTED)
+    executed = pair.by_slot("ok", EVENT_JOB_EXECUTED)
+    assert set(submitted) == set(executed) == set(ran)
+    for slot in ran:
+        (who_s, _), = submitted[slot]
+        (who_e, event), = executed[slot]
+        assert who_s == who_e
+        assert event.retval == 42
+    errors = pair.by_slot("bad", EVENT_JOB_ERROR)
+    assert errors, "no error events"
+    assert all(len(v) == 1 for v in errors.values()), errors
+    assert all(isinstance(v[0][1].exception, ValueError) for v in errors.values())
+    failed = [r for r in read_history(url, "bad") if r.status == "failed"]
+    assert {r.slot for r in failed} == set(errors)
+    assert all(r.error == "ValueError: boom" for r in failed)
+
+
+def test_missed_and_max_instances_are_emitted_once_per_firing(url: str) -> None:
+    RAN.clear()
+    pair = Pair(url)
+    past = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=6)
+    pair.add_job(ok, "cron", second="*", id="late", coalesce=False, misfire_grace_time=1,
+                 next_run_time=past)
+    pair.add_job(slow, "cron", second="*", id="slow", max_instances=1)
+    pair.run(4.5)
+    missed = pair.by_slot("late", EVENT_JOB_MISSED)
+    assert len(missed) >= 4, missed
+    assert all(len(v) == 1 for v in missed.values()), missed
+    first = slot_from_datetime(past)
+    assert first in missed
+    skipped = {r.slot for r in read_history(url, "late") if r.status == "skipped"}
+    assert skipped == set(missed)
+    ran = [slot for job, slot, _ in RAN if job == "late"]
+    assert not set(ran) & set(missed)
+    assert len(ran) == len(set(ran))
+    overlapping = pair.by_slot("slow", EVENT_JOB_MAX_INSTANCES)
+    assert overlapping, "no max-instances events"
+    assert all(len(v) == 1 for v in overlapping.values()), overlapping
+    marks = [job for job, _, _ in sorted(RAN, key=lambda r: r[1]) if job.startswith("slow")]
+    assert marks[:2] == ["slow-start", "slow-end"], marks
+    assert all(a != b for a, b in itertools.pairwise(marks)), marks
+
+
+def test_refused_interval_is_logged_naming_the_job_and_never_runs(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    RAN.clear()
+    scheduler = BackgroundScheduler(executors={"default": AnarchonExecutor(backend=url)},
+                                    timezone="UTC")
+    scheduler.add_job(ok, "interval", seconds=1, id="drifting")
+    with caplog.at_level(logging.ERROR):
+        scheduler.start()
+        time.sleep(2.5)
+        scheduler.shutdown()
+    assert not RAN
+    assert "job 'drifting'" in caplog.text
+    assert "no fixed start_date" in caplog.text
+
+
+def test_job_store_refuses_it_when_the_job_is_added() -> None:
+    scheduler = BackgroundScheduler(jobstores={"default": AnarchonJobStore(MemoryJobStore())},
+                                    timezone="UTC")
+    scheduler.start(paused=True)
+    try:
+        with pytest.raises(ConfigError, match="job 'drifting'"):
+            scheduler.add_job(ok, "interval", seconds=1, id="drifting")
+        scheduler.add_job(ok, "interval", seconds=1, id="fixed", start_date=EPOCH)
+        assert [j.id for j in scheduler.get_jobs()] == ["fixed"]
+    finally:
+        scheduler.shutdown()
+
+
+def test_bad_options_are_config_errors(url: str) -> None:
+    with pytest.raises(ConfigError, match="trigger a jitter"):
+        AnarchonExecutor(backend=url, jitter_ms=100)
+    with pytest.raises(ConfigError, match="unknown job option 'retries'"):
+        AnarchonExecutor(backend=url, retries=3)
+    with pytest.raises(ConfigError, match="inner executor"):
+        AnarchonExecutor(object(), backend=url)
+    with pytest.raises(ConfigError, match="max_late_ms"):
+        AnarchonExecutor(backend=url, max_late_ms=-1)

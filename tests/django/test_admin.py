@@ -1,0 +1,341 @@
+"""The admin pages: job table, run history, run now; permissions and CSRF; every backend."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from html import unescape
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import NoReverseMatch, reverse
+
+import anarchon_django
+from anarchon_core import JobContext, Run, slot_from_datetime
+from anarchon_django import registry, views
+from anarchon_django.registry import Declaration
+from tests.django.conftest import Store
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
+HISTORY = "/admin/anarchon_django/run/"
+JOBS = "/admin/anarchon_django/job/"
+RUN = "/admin/anarchon_django/job/run/"
+
+
+def user(name: str, *, staff: bool, perms: tuple[str, ...] = (),
+         superuser: bool = False) -> User:
+    account = User.objects.create_user(name, password="pw", is_staff=staff,
+                                       is_superuser=superuser)
+    for codename in perms:
+        account.user_permissions.add(Permission.objects.get(
+            content_type__app_label="anarchon_django", codename=codename))
+    return account
+
+
+def client_for(account: User | None, *, csrf: bool = False) -> Client:
+    client = Client(enforce_csrf_checks=csrf)
+    if account is not None:
+        client.force_login(account)
+    return client
+
+
+@pytest.fixture
+def admin_client_() -> Client:
+    return client_for(user("boss", staff=True, superuser=True))
+
+
+def csrf_token(html: str) -> str:
+    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert match, "no CSRF token in the form"
+    return match.group(1)
+
+
+def rows(html: str) -> list[dict[str, str]]:
+    return [{"job": unescape(m.group(1)), "status": m.group(2), "html": m.group(0)}
+            for m in re.finditer(r'<tr class="anarchon-run[^"]*" data-job="([^"]*)" '
+                                 r'data-status="([^"]*)">.*?</tr>', html, re.S)]
+
+
+def history_of(job: str) -> list[Run]:
+    """The job's history; empty when nothing was ever written to the store."""
+    page = views.history_page(anarchon_django.get_reader(), job=job, status=None,
+                              runner=None, search=None, limit=50, before=None)
+    return page.runs
+
+
+def run_jobs(*names: str) -> list[Run]:
+    scheduler = anarchon_django.get_scheduler()
+    return [scheduler.sync.run_now(name, timeout=30) for name in names]
+
+
+# ------------------------------------------------------------------ pages and permissions
+
+
+def test_index_lists_both_entries_without_add_links(store: Store,
+                                                    admin_client_: Client) -> None:
+    html = admin_client_.get("/admin/").content.decode()
+    assert "Scheduled jobs" in html
+    assert f'href="{JOBS}"' in html
+    assert f'href="{HISTORY}"' in html
+    assert "/admin/anarchon_django/run/add/" not in html
+    assert "/admin/anarchon_django/job/add/" not in html
+    for name in ("add", "change", "delete", "history"):
+        with pytest.raises(NoReverseMatch):
+            reverse(f"admin:anarchon_django_run_{name}", args=["1"] if name != "add" else [])
+    assert admin_client_.get(f"{HISTORY}add/").status_code == 404
+
+
+def test_history_page_shows_each_attempt(store: Store, admin_client_: Client) -> None:
+    run_jobs("testapp.note", "testapp.fail")
+    response = admin_client_.get(HISTORY)
+    assert response.status_code == 200
+    html = response.content.decode()
+    found = rows(html)
+    assert [(r["job"], r["status"]) for r in found] == [("testapp.fail", "failed"),
+                                                          ("testapp.note", "success")]
+    assert "RuntimeError: the report server said no" in found[0]["html"]
+    assert "<strong>manual</strong>" in found[1]["html"]
+    assert "notes=" in found[1]["html"]  # meta
+    assert re.search(r"\d+ ms</td>", found[1]["html"])  # duration
+    assert anarchon_django.get_scheduler().instance_id in found[1]["html"]
+    assert "Europe/Athens" in html
+
+
+def test_history_filters_and_search(store: Store, admin_client_: Client) -> None:
+    run_jobs("testapp.note", "testapp.fail", "testapp.note")
+    runner = anarchon_django.get_scheduler().instance_id
+
+    def jobs(query: str) -> list[str]:
+        return [r["job"] for r in rows(admin_client_.get(HISTORY + query).content.decode())]
+
+    assert jobs("?job=testapp.note") == ["testapp.note", "testapp.note"]
+    assert jobs("?status=failed") == ["testapp.fail"]
+    assert jobs("?status=success&job=testapp.fail") == []
+    assert len(jobs(f"?runner={runner}")) == 3
+    assert jobs("?runner=elsewhere") == []
+    assert jobs("?q=REPORT+SERVER") == ["testapp.fail"]  # error text, case-insensitive
+    assert jobs("?q=notes") == ["testapp.note", "testapp.note"]  # a meta key
+    assert jobs("?q=nothing-like-this") == []
+    # The job filter lists the jobs declared here and those the store holds.
+    html = admin_client_.get(HISTORY).content.decode()
+    assert '<option value="testapp.report">' in html
+
+
+def test_history_pages_through_the_cursor(store: Store, admin_client_: Client) -> None:
+    made = run_jobs(*["testapp.note"] * 5)
+    seen: list[str] = []
+    url: str | None = f"{HISTORY}?n=2"
+    pages = 0
+    while url is not None and pages < 10:
+        html = admin_client_.get(url).content.decode()
+        seen += [r["html"] for r in rows(html)]
+        match = re.search(r'<a href="([^"]+)" id="anarchon-older">', html)
+        url = HISTORY + unescape(match.group(1)) if match else None
+        pages += 1
+    assert pages == 3
+    assert len(seen) == len(made) == len(set(seen))
+    # A search pages the same way.
+    html = admin_client_.get(f"{HISTORY}?n=2&q=testapp.note").content.decode()
+    assert len(rows(html)) == 2
+    assert 'id="anarchon-older"' in html
+
+
+def test_bad_cursor_is_an_error_message_not_a_crash(store: Store,
+                                                    admin_client_: Client) -> None:
+    response = admin_client_.get(f"{HISTORY}?before=garbage")
+    assert response.status_code == 200
+    assert "invalid history cursor" in response.content.decode()
+
+
+def test_jobs_page(store: Store, admin_client_: Client) -> None:
+    run_jobs("testapp.fail")
+    html = admin_client_.get(JOBS).content.decode()
+    job_rows = dict(re.findall(r'<tr class="anarchon-job" data-job="([^"]+)">(.*?)</tr>',
+                               html, re.S))
+    assert set(job_rows) >= {"testapp.note", "testapp.report", "testapp.fail"}
+    assert "cron 0 8 * * * Europe/Athens" in job_rows["testapp.report"]
+    assert " 08:00:00" in job_rows["testapp.report"]  # the next run, in TIME_ZONE
+    assert "never" in job_rows["testapp.note"]
+    assert "manual: failed" in job_rows["testapp.fail"]
+    assert job_rows["testapp.note"].count('value="Run now"') == 1
+    assert job_rows["testapp.note"].count('class="st-') == views.TIMELINE_SLOTS
+
+
+def test_timeline_colours_scheduled_slots(db_store: Store, admin_client_: Client) -> None:
+    """Real claims of recent slots show in the timeline with their status."""
+    name = f"testapp.fast-{uuid.uuid4().hex[:6]}"
+
+    def handler(ctx: JobContext) -> None:
+        pass
+
+    anarchon_django.every(name, "1s", handler, max_late_ms=60_000, jitter_ms=0)
+    try:
+        scheduler = anarchon_django.get_scheduler()
+        now = slot_from_datetime(__import__("datetime").datetime.now(
+            __import__("datetime").timezone.utc))
+        base = now - now % 1000 - 10_000
+        outcomes = {base: "success", base + 1000: "failed", base + 3000: "success"}
+        for slot, status in outcomes.items():
+            claim = scheduler.sync.claim(name, slot)
+            assert claim, claim
+            claim.finish(status=status, error="boom" if status == "failed" else None)
+        html = admin_client_.get(JOBS).content.decode()
+    finally:
+        registry.forget(name)
+    row = re.search(rf'data-job="{re.escape(name)}">(.*?)</tr>', html, re.S)
+    assert row
+    cells = re.findall(r'title="([^"]*)" data-state="(\w+)"', row.group(1))
+    states = [state for _, state in cells]
+    assert len(states) == views.TIMELINE_SLOTS
+    # ...unknown (before the oldest run kept), success, failed, a gap still claimable
+    # (pending, max_late_ms is 60 s here), success, then pending slots up to now.
+    first = states.index("success")
+    assert set(states[:first]) <= {"unknown", "pending"}
+    assert states[first:first + 4] == ["success", "failed", "pending", "success"]
+    assert "boom" in unescape(cells[first + 1][0])
+
+
+def test_timeline_rules() -> None:
+    """Pure logic: missed, pending, unknown, and the newest attempt wins."""
+
+    def handler(ctx: JobContext) -> None:
+        pass
+
+    declaration = Declaration("t", "every", "10s", handler)
+    now = 1_000_000_000_000 + 105_000
+    base = 1_000_000_000_000
+
+    def run(slot: int, status: str, attempt: int = 1, manual: bool = False) -> Run:
+        return Run("t", slot, attempt, status, "a:1", None, manual=manual)
+
+    runs = [run(base + 100_000, "success"), run(base + 90_000, "success"),
+            run(base + 90_000, "interrupted"), run(base + 60_000, "failed", attempt=2),
+            run(base + 60_000, "interrupted"), run(base + 40_000, "skipped"),
+            run(base + 55_000, "success", manual=True)]
+    runs.sort(key=lambda r: (r.slot, r.attempt), reverse=True)
+    cells = views._timeline(declaration, runs, {"max_late_ms": 8_000, "jitter_ms": 1_000},
+                            now)
+    by_slot = {c.slot - base: c.state for c in cells}
+    assert by_slot[100_000] == "success"
+    assert by_slot[90_000] == "success"  # the newest attempt decides
+    assert by_slot[80_000] == "missed"
+    assert by_slot[70_000] == "missed"
+    assert by_slot[60_000] == "failed"
+    assert by_slot[50_000] == "missed"  # the manual run does not fill a slot
+    assert by_slot[40_000] == "skipped"
+    assert by_slot[30_000] == "unknown"  # older than the oldest run kept
+    assert cells[-1].slot == base + 100_000
+    late = views._timeline(declaration, runs, {"max_late_ms": 8_000}, base + 108_000)
+    assert late[-1].slot == base + 100_000
+    assert late[-1].state == "success"
+    fresh = views._timeline(declaration, runs, {"max_late_ms": 8_000}, base + 111_000)
+    assert fresh[-1].state == "pending"  # slot 110 s: may still be claimed
+
+
+@pytest.mark.parametrize("page", [HISTORY, JOBS])
+def test_anonymous_and_non_staff_are_sent_to_login(store: Store, page: str) -> None:
+    for account in (None, user("customer", staff=False)):
+        response = client_for(account).get(page)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/admin/login/")
+    response = client_for(None).post(RUN, {"job": "testapp.note"})
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+@pytest.mark.parametrize("page", [HISTORY, JOBS])
+def test_staff_without_permission_is_refused(store: Store, page: str) -> None:
+    assert client_for(user("intern", staff=True)).get(page).status_code == 403
+
+
+def test_view_permission_alone_shows_pages_without_run_now(store: Store) -> None:
+    viewer = client_for(user("viewer", staff=True, perms=("view_run", "view_job")))
+    assert viewer.get(HISTORY).status_code == 200
+    html = viewer.get(JOBS).content.decode()
+    assert 'value="Run now"' not in html
+    assert 'id="anarchon-run-now"' not in viewer.get(f"{HISTORY}?job=testapp.note"
+                                                      ).content.decode()
+
+
+# ------------------------------------------------------------------ run now
+
+
+def test_run_now_with_permission_and_csrf(store: Store) -> None:
+    operator = user("operator", staff=True, perms=("view_run", "view_job", "run_job"))
+    client = client_for(operator, csrf=True)
+    page = client.get(f"{HISTORY}?job=testapp.note").content.decode()
+    assert 'id="anarchon-run-now"' in page
+    response = client.post(RUN, {"job": "testapp.note", "csrfmiddlewaretoken":
+                                 csrf_token(page), "next": f"{HISTORY}?job=testapp.note"})
+    assert response.status_code == 302
+    assert response["Location"] == f"{HISTORY}?job=testapp.note"
+    html = client.get(response["Location"]).content.decode()
+    assert "manual run succeeded in" in html  # (the admin capitalises messages)
+    [run] = anarchon_django.get_reader().sync.history("testapp.note")
+    assert run.manual
+    assert run.status == "success"
+    assert run.meta["requested_by"] == "operator"
+    assert rows(html)[0]["job"] == "testapp.note"
+    assert "<strong>manual</strong>" in html
+
+
+def test_run_now_is_refused_without_csrf_or_permission(store: Store) -> None:
+    operator = user("operator", staff=True, perms=("view_run", "view_job", "run_job"))
+    assert client_for(operator, csrf=True).post(RUN, {"job": "testapp.note"}
+                                                ).status_code == 403
+    viewer = user("viewer", staff=True, perms=("view_run", "view_job"))
+    client = client_for(viewer, csrf=True)
+    token = csrf_token(client.get(HISTORY).content.decode())
+    assert client.post(RUN, {"job": "testapp.note", "csrfmiddlewaretoken": token}
+                       ).status_code == 403
+    assert client_for(operator).get(RUN).status_code == 405
+    assert history_of("testapp.note") == []
+
+
+def test_run_now_of_an_unknown_job_or_a_failing_one(store: Store,
+                                                    admin_client_: Client) -> None:
+    response = admin_client_.post(RUN, {"job": "nope"}, follow=True)
+    assert "No job named &#x27;nope&#x27; is declared" in response.content.decode()
+    response = admin_client_.post(RUN, {"job": "testapp.fail"}, follow=True)
+    html = response.content.decode()
+    assert ".fail: manual run ended failed: RuntimeError: the report server said no" in html
+    response = admin_client_.post(RUN, {"job": "testapp.note",
+                                        "next": "https://evil.example/"})
+    assert response["Location"] == HISTORY  # an outside URL is never followed
+
+
+def test_a_long_run_now_continues_in_the_background(db_store: Store, settings: Any,
+                                                    admin_client_: Client) -> None:
+    settings.ANARCHON = {**db_store.anarchon, "ADMIN_RUN_NOW_WAIT_MS": 200}
+    name = f"testapp.slow-{uuid.uuid4().hex[:6]}"
+
+    def slow(ctx: JobContext) -> None:
+        time.sleep(1.5)
+
+    anarchon_django.every(name, "1h", slow)
+    try:
+        response = admin_client_.post(RUN, {"job": name}, follow=True)
+        assert "running now in this process" in response.content.decode()
+        html = admin_client_.get(f"{HISTORY}?job={name}").content.decode()
+        assert [r["status"] for r in rows(html)] == ["running"]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            found = list(anarchon_django.get_reader().sync.history(name))
+            if found and found[0].status == "success":
+                break
+            time.sleep(0.1)
+        assert found[0].status == "success"
+    finally:
+        registry.forget(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_jobs() -> Iterator[None]:
+    before = {d.name for d in registry.declarations()}
+    yield
+    for name in {d.name for d in registry.declarations()} - before:
+        registry.forget(name)
