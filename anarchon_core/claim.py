@@ -112,6 +112,9 @@ class ClaimHandle:
         self._changed = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
+        #: An end record (finish/release) is on its way: a heartbeat refused meanwhile is
+        #: the store seeing that end, not another attempt.
+        self._ending = False
         if self.timings is not None:
             self._keeper = asyncio.ensure_future(self._keep())
 
@@ -246,7 +249,7 @@ class ClaimHandle:
             self._confirmed_until = max(self._confirmed_until, sent + self.timings.lease_ms / 1000)
             self._next_beat = sent + period
         elif accepted is False:
-            if not self._closing:
+            if not self._closing and not self._ending:
                 self._fence("heartbeat rejected: another attempt took over")
         else:
             # Try again soon: every confirmed heartbeat pushes the fence further away.
@@ -335,6 +338,7 @@ class ClaimHandle:
         # With a lease, tries go on while the lease is ours; without, for a bounded time.
         give_up = float("inf") if self.timings else time.monotonic() + _CLAIM_ONLY_END_RETRY_S
         tries = 0
+        self._ending = True
         while True:
             try:
                 accepted = await self._bounded(call(), "recording the end")

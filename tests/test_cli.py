@@ -8,10 +8,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+
+from anarchon_core import Run
+from anarchon_core.cli.main import format_history
 
 #: The installed console script, next to this interpreter (the entry point users run).
 SCRIPT = str(Path(sys.executable).with_name("anarchon"))
@@ -202,3 +205,16 @@ def test_traceback_flag_shows_the_rest(tmp_path: Path) -> None:
     out = anarchon("next", "61 * * * *", "--traceback")  # after the command works too
     assert "Traceback" in out.stderr
     assert "ConfigError: invalid cron expression '61 * * * *'" in out.stderr
+
+
+def test_history_table_shows_each_runs_meta() -> None:
+    at = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+    runs = [Run(job="report", slot=1_796_025_600_000, attempt=2, status="success",
+                runner="beat-2", started_at=at, finished_at=at,
+                meta={"task_id": "5f1c", "task": "proj.report"}),
+            Run(job="report", slot=1_796_025_600_000, attempt=1, status="interrupted",
+                runner="beat-1", started_at=at, finished_at=None, error="lease expired")]
+    lines = format_history(runs).splitlines()
+    assert "meta" in lines[0]
+    assert lines[1].endswith("beat-2  [task=proj.report task_id=5f1c]")
+    assert lines[2].endswith("beat-1  lease expired")

@@ -114,10 +114,13 @@ def load_scheduler(target: str) -> Scheduler:
 
 def format_history(runs: Sequence[Run]) -> str:
     """A text table of history entries."""
-    lines = [f"{'scheduled (UTC)':<24} {'attempt':>7} {'status':<12} {'ms':>7}  runner / error"]
+    lines = [f"{'scheduled (UTC)':<24} {'attempt':>7} {'status':<12} {'ms':>7}  "
+             "runner / error / meta"]
     for r in runs:
         when = r.scheduled_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        tail = r.runner + (f"  {r.error}" if r.error else "") + ("  (manual)" if r.manual else "")
+        meta = " ".join(f"{k}={v}" for k, v in sorted(r.meta.items()))
+        tail = (r.runner + (f"  {r.error}" if r.error else "") + ("  (manual)" if r.manual
+                else "") + (f"  [{meta}]" if meta else ""))
         ms = "" if r.duration_ms is None else str(r.duration_ms)
         lines.append(f"{when:<24} {r.attempt:>7} {r.status:<12} {ms:>7}  {tail}")
     return "\n".join(lines)

@@ -333,7 +333,7 @@ def open_client(target: str | Mapping[str, Any], *, cluster: bool = False,
         given = {k for k, _ in parse_qsl(urlsplit(target).query)}
         pool = BlockingConnectionPool.from_url(
             target, **{k: v for k, v in {**defaults, "max_connections": POOL_SIZE,
-                                         "timeout": defaults["socket_timeout"]}.items()
+                                         "timeout": max(5.0, lease_ms / 1000)}.items()
                        if k not in given})
         client = Redis(connection_pool=pool)
         client.auto_close_connection_pool = True

@@ -1,0 +1,407 @@
+"""``anarchon_celery.Scheduler``: a Celery beat scheduler where every beat is active.
+
+Each ``beat_schedule`` entry is registered as a job on a core
+:class:`anarchon_core.Scheduler` that this beat owns and runs on an event loop thread of
+its own. The core decides everything about time: which slots exist, jitter, lateness,
+catch-up, the claim, the lease, backups and takeovers. When this beat wins a slot, the
+job's handler publishes the entry's task through Celery's own ``apply_async`` path (args,
+kwargs and options exactly as Celery's scheduler sends them), with headers naming the
+slot and attempt, and records the task id with the run (``Run.meta``).
+
+Beat's ``tick()`` sends nothing and never touches the store: it only re-registers entries
+that changed and tells beat when to look again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery import beat  # type: ignore[import-untyped]
+
+from anarchon_core import (
+    AnarchonError,
+    ConfigError,
+    JobContext,
+    StoreUnavailable,
+)
+from anarchon_core import Scheduler as CoreScheduler
+
+from . import tracking
+from .entries import JobSpec, job_spec, publish_options
+from .settings import Settings
+
+__all__ = [
+    "HEADER_ATTEMPT", "HEADER_ID", "HEADER_JOB", "HEADER_RUNNER", "HEADER_SLOT", "Scheduler",
+]
+
+log = logging.getLogger("anarchon.celery")
+
+#: Headers every task sent by anarchon carries. ``anarchon_id`` (``"<entry>@<slot>"``) is
+#: the same for every attempt of a slot: a consumer deduplicates a takeover's resend on it.
+HEADER_JOB, HEADER_SLOT, HEADER_ATTEMPT = "anarchon_job", "anarchon_slot", "anarchon_attempt"
+HEADER_RUNNER, HEADER_ID = "anarchon_runner", "anarchon_id"
+#: How often the store is probed, and how long one probe or start may take.
+_PROBE_S = 5.0
+_CALL_TIMEOUT_S = 10.0
+#: How long close() waits for the core scheduler to hand over and disconnect.
+_CLOSE_TIMEOUT_S = 15.0
+#: Longest sleep tick() asks for: beat's liveness checks see a fresh tick at least this often.
+_TICK_S = 5.0
+
+
+class _Health:
+    """The store's state as this beat sees it; logs only when it changes.
+
+    While the store is down, records of the core's loggers caused by the outage (one per
+    slot and entry) are held back and counted; the change back is logged with the count.
+    """
+
+    def __init__(self, describe: str) -> None:
+        self.describe = describe
+        self.state = "connecting"
+        self.held_back = 0
+        self._lock = threading.Lock()
+
+    def up(self) -> None:
+        with self._lock:
+            before, self.state = self.state, "up"
+            held, self.held_back = self.held_back, 0
+        if before == "down":
+            log.warning("anarchon store %s answers again%s", self.describe,
+                        f" ({held} claim errors held back meanwhile)" if held else "")
+        elif before == "connecting":
+            log.info("anarchon store %s connected", self.describe)
+
+    def down(self, why: object) -> None:
+        with self._lock:
+            before, self.state = self.state, "down"
+        if before != "down":
+            log.error("anarchon store %s unreachable (%s); this beat keeps running and "
+                      "claims again once it answers (slots due meanwhile are sent by another "
+                      "beat, or skipped when too late)", self.describe, why)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """A logging filter: hold back the core's per-slot store errors during an outage."""
+        if record.levelno < logging.WARNING:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        cause = next((a for a in args if isinstance(a, StoreUnavailable)), None)
+        if cause is None and record.exc_info and isinstance(record.exc_info[1],
+                                                            StoreUnavailable):
+            cause = record.exc_info[1]
+        if cause is None:
+            return True
+        self.down(cause)
+        with self._lock:
+            self.held_back += 1
+        return False
+
+
+class _Runner:
+    """The core scheduler on an event loop thread: start with retries, probe, stop."""
+
+    def __init__(self, core: CoreScheduler, health: _Health) -> None:
+        self.core = core
+        self.health = health
+        self.loop = asyncio.new_event_loop()
+        self.stopped: asyncio.Event | None = None
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="anarchon-beat", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        self.ready.wait(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.close()
+
+    async def _main(self) -> None:
+        self.stopped = asyncio.Event()
+        self.ready.set()
+        delay = 0.5
+        while not self.stopped.is_set():
+            try:
+                await asyncio.wait_for(self.core.start(), _CALL_TIMEOUT_S)
+                break
+            except (StoreUnavailable, OSError, asyncio.TimeoutError) as exc:
+                self.health.down(exc or "no answer")
+            except AnarchonError as exc:  # e.g. a store written by a newer anarchon
+                self.health.down(exc)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), delay)
+            delay = min(delay * 2, 30.0)
+        while not self.stopped.is_set():
+            if self.core.running:
+                try:
+                    await asyncio.wait_for(self.core.backend.clock_ms(), _CALL_TIMEOUT_S)
+                    self.health.up()
+                except (StoreUnavailable, OSError, asyncio.TimeoutError) as exc:
+                    self.health.down(exc or "no answer")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), _PROBE_S)
+        await self.core.stop()
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the loop (thread-safe)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(fn)
+
+    def stop(self, timeout: float) -> None:
+        stopped = self.stopped
+        if stopped is not None and not self.loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(stopped.set)
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            log.warning("anarchon: the scheduler did not stop within %.0f s; leases still "
+                        "held expire on their own", timeout)
+
+
+class _Publisher:
+    """Threads publishing the tasks of won slots, each draining a queue with one producer.
+
+    Publishing is blocking kombu I/O: it never runs on the core's event loop (heartbeats
+    must not wait for a broker). A burst of slots due at once is published with one
+    producer per thread taken from the app's pool, as Celery's own beat publishes.
+    """
+
+    def __init__(self, app: Any, publish: Callable[[Any, JobContext, Any], Any],
+                 threads: int) -> None:
+        self.app = app
+        self.publish_fn = publish
+        self.queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._run, name=f"anarchon-publish-{i}",
+                                         daemon=True) for i in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def publish(self, loop: asyncio.AbstractEventLoop, entry: Any,
+                ctx: JobContext) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = loop.create_future()
+        self.queue.put((loop, future, entry, ctx))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            try:
+                with self.app.producer_or_acquire() as producer:
+                    while job is not None:
+                        self._one(producer, job)
+                        job = self._next()
+            except Exception as exc:  # noqa: BLE001 - the pool failed: fail this job
+                if job is not None:
+                    _resolve(job, None, exc)
+
+    def _next(self) -> _Job | None:
+        """The next queued job without waiting (a stop request is put back for the loop)."""
+        try:
+            job = self.queue.get_nowait()
+        except queue.Empty:
+            return None
+        if job is None:
+            self.queue.put(None)
+        return job
+
+    def _one(self, producer: Any, job: _Job) -> None:
+        _, _, entry, ctx = job
+        try:
+            result = self.publish_fn(entry, ctx, producer)
+        except Exception as exc:  # noqa: BLE001 - reported to the slot's run
+            _resolve(job, None, exc)
+        else:
+            _resolve(job, result, None)
+
+    def close(self, timeout: float) -> None:
+        for _ in self.threads:
+            self.queue.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Any, JobContext]
+
+
+def _resolve(job: _Job, result: Any, exc: BaseException | None) -> None:
+    loop, future, _, _ = job
+
+    def settle() -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+        loop.call_soon_threadsafe(settle)
+
+
+class Scheduler(beat.Scheduler):  # type: ignore[misc]
+    """Celery beat scheduler: ``beat_scheduler = "anarchon_celery:Scheduler"``.
+
+    Run as many beats as you like: every beat registers every entry, the store decides
+    which beat sends each slot, and each slot's task is published once by the winner (a
+    beat that dies between its claim and the publish is taken over after its lease). See
+    docs/celery.md for the settings (``anarchon_*`` on ``app.conf``) and the guarantee.
+    """
+
+    #: The core scheduler this beat owns (None until the schedule is set up).
+    core: CoreScheduler | None = None
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        self.settings = Settings.from_app(app)
+        self.core = None
+        self._specs: dict[str, JobSpec] = {}
+        self._entries: dict[str, Any] = {}
+        self._registered: dict[str, Any] | None = None
+        self._runner: _Runner | None = None
+        self._health = _Health(self.settings.describe())
+        self._filtered: list[logging.Logger] = []
+        self._publisher: _Publisher | None = None
+        super().__init__(app, *args, **kwargs)
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup_schedule(self) -> None:
+        """Read ``beat_schedule``, register every entry, and start the core scheduler."""
+        super().setup_schedule()
+        core = self.settings.make_scheduler("beat")
+        self.core = core
+        self._sync_jobs()
+        self._publisher = _Publisher(self.app, self._publish, self.settings.publish_threads)
+        for name in ("anarchon.scheduler", "anarchon.lease"):
+            logger = logging.getLogger(name)
+            logger.addFilter(self._health.filter)
+            self._filtered.append(logger)
+        self._runner = _Runner(core, self._health)
+        self._runner.start()
+        log.info("anarchon beat %s: %d entries on %s", core.instance_id, len(self._specs),
+                 self.settings.describe())
+
+    def _sync_jobs(self) -> None:
+        """Register entries that are new or changed, remove the ones gone (thread-safe)."""
+        core = self.core
+        assert core is not None
+        tz = self.app.timezone
+        wanted: dict[str, JobSpec] = {}
+        for name, entry in self.schedule.items():
+            wanted[name] = job_spec(entry, tz, self.settings.job_defaults)
+        for name in list(self._specs):
+            if name not in wanted or wanted[name] != self._specs[name]:
+                core.remove(name)
+                del self._specs[name]
+        for name, spec in wanted.items():
+            self._entries[name] = self.schedule[name]
+            if name in self._specs:
+                continue
+            handler = self._handler(name)
+            try:
+                if spec.kind == "every":
+                    assert spec.interval is not None
+                    core.every(name, spec.interval, handler, **spec.options)
+                else:
+                    assert spec.expression is not None
+                    core.cron(name, spec.expression, handler, tz=spec.tz, **spec.options)
+            except ConfigError as exc:
+                raise ConfigError(f"beat_schedule entry {name!r}: {exc}") from None
+            self._specs[name] = spec
+        self._registered = copy.copy(self.schedule)
+
+    # ------------------------------------------------------------------ beat's loop
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Beat's loop: sends nothing (the core's timers do), never waits on the store.
+
+        Re-registers entries added or changed in :attr:`schedule` since the last tick, and
+        returns how long beat may sleep.
+        """
+        if self.core is not None and not self.schedules_equal(self._registered, self.schedule):
+            self._sync_jobs()
+        return float(min(self.max_interval, _TICK_S))
+
+    def sync(self) -> None:
+        """Nothing to persist: the store holds every slot's state."""
+
+    def close(self) -> None:
+        """Stop the core scheduler (runs in progress are handed over), then beat's own."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.stop(_CLOSE_TIMEOUT_S)
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.close(_CLOSE_TIMEOUT_S)
+        for logger in self._filtered:
+            logger.removeFilter(self._health.filter)
+        self._filtered = []
+        super().close()
+
+    @property
+    def info(self) -> str:
+        """Shown in beat's start-up banner."""
+        track = ", tracking tasks" if self.settings.track_tasks else ""
+        return f"    . anarchon -> {self.settings.describe()}{track}"
+
+    # ------------------------------------------------------------------ sending
+
+    def _handler(self, name: str) -> Callable[[JobContext], Any]:
+        async def send(ctx: JobContext) -> None:
+            await self._send(name, ctx)
+
+        send.__qualname__ = f"beat entry {name}"
+        return send
+
+    async def _send(self, name: str, ctx: JobContext) -> None:
+        entry = self._entries[name]
+        spec = self._specs.get(name)
+        loop = asyncio.get_running_loop()
+        if self.settings.track_tasks and ctx.attempt > 1:
+            known = await tracking.task_record(self._core(), name, ctx.slot)
+            if known is not None:
+                # The earlier attempt's task reached a worker: never send it again.
+                ctx.meta.update(task_id=known.meta.get("task_id", ""), resent="no")
+                await tracking.wait_task(self._core(), ctx, name,
+                                         self.settings.track_timeout_ms)
+                return
+        ctx.raise_if_cancelled()  # the handle fences itself before its lease could expire
+        assert self._publisher is not None
+        result = await self._publisher.publish(loop, entry, ctx)
+        task_id = getattr(result, "id", None)
+        ctx.meta.update(task=str(entry.task), task_id=str(task_id or ""),
+                        entry=spec.digest if spec else "")
+        if self.settings.track_tasks:
+            await tracking.wait_task(self._core(), ctx, name, self.settings.track_timeout_ms)
+
+    def _publish(self, entry: Any, ctx: JobContext, producer: Any) -> Any:
+        """Publish ``entry``'s task as Celery's scheduler does, plus the slot headers."""
+        options = publish_options(entry.options)
+        headers = dict(options.get("headers") or {})
+        headers.update({HEADER_JOB: ctx.job, HEADER_SLOT: ctx.slot, HEADER_ATTEMPT: ctx.attempt,
+                        HEADER_RUNNER: ctx.instance_id, HEADER_ID: f"{ctx.job}@{ctx.slot}"})
+        options["headers"] = headers
+        sending = copy.copy(entry)
+        sending.options = options
+        started = time.monotonic()
+        result = beat.Scheduler.apply_async(self, sending, producer=producer, advance=False)
+        log.debug("%s slot %s attempt %s: sent %s in %.1f ms", ctx.job, ctx.slot, ctx.attempt,
+                  getattr(result, "id", None), (time.monotonic() - started) * 1000)
+        return result
+
+    def _core(self) -> CoreScheduler:
+        assert self.core is not None
+        return self.core

@@ -1,0 +1,169 @@
+"""The ``anarchon_*`` settings on ``app.conf``, checked once, and the store they name.
+
+===========================  ====================================================================
+setting                      meaning (default)
+===========================  ====================================================================
+``anarchon_backend``         store URL (the broker URL when it is ``redis://``/``valkey://``;
+                             otherwise required)
+``anarchon_prefix``          key prefix for Redis/Valkey (``anarchon:celery:``), RabbitMQ/NATS
+                             (``anarchon.celery.``); for SQL stores use ``?table=`` in the URL
+``anarchon_lease_ms``        lease of a claimed slot until its task is published (10 000)
+``anarchon_heartbeat_ms``    heartbeat period (a third of the lease)
+``anarchon_history_size``    runs kept per entry (1 000)
+``anarchon_history_ttl_ms``  also drop runs older than this (None)
+``anarchon_jitter_ms``       delay before claiming, per beat (core default: ≤ 1 s, ≤ 10 % of
+                             the period)
+``anarchon_max_late_ms``     a slot not claimed within this is skipped (core default)
+``anarchon_catch_up_ms``     after every beat was down, send the newest missed slot within this
+                             once (0)
+``anarchon_max_attempts``    takeovers of a slot whose beat died before publishing (3)
+``anarchon_instance_id``     name of this beat in history (``beat@<host>:<pid>``)
+``anarchon_track_tasks``     keep the slot's lease until its task finished on a worker (False)
+``anarchon_track_timeout_ms`` longest a tracked task holds its slot (3 600 000)
+``anarchon_publish_threads`` threads publishing tasks (2)
+===========================  ====================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from anarchon_core import Backend, ConfigError, Scheduler, backend_from_url, mask_url
+
+__all__ = ["DEFAULT_LEASE_MS", "Settings"]
+
+DEFAULT_LEASE_MS = 10_000
+DEFAULT_TRACK_TIMEOUT_MS = 3_600_000
+_REDIS = ("redis", "rediss", "valkey", "valkeys")
+_BROKERS = ("amqp", "amqps", "nats", "tls")
+_SQL = ("postgresql", "postgres", "sqlite")
+
+
+def _conf(app: Any, name: str, default: Any = None) -> Any:
+    value = app.conf.get(name)
+    return default if value is None else value
+
+
+def _int(name: str, value: Any, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"invalid {name} {value!r}: expected an int ≥ {minimum}")
+    return value
+
+
+def _scheme(url: str) -> str:
+    return urlsplit(url).scheme.lower()
+
+
+def _broker_url(app: Any) -> str | None:
+    url = app.conf.get("broker_write_url") or app.conf.get("broker_url")
+    return url if isinstance(url, str) else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``anarchon_*`` settings of one Celery app, validated (see the module docstring)."""
+
+    backend_url: str
+    prefix: str | None
+    lease_ms: int
+    heartbeat_ms: int | None
+    history_size: int
+    history_ttl_ms: int | None
+    instance_id: str | None
+    job_defaults: dict[str, Any] = field(default_factory=dict)
+    track_tasks: bool = False
+    track_timeout_ms: int = DEFAULT_TRACK_TIMEOUT_MS
+    publish_threads: int = 2
+
+    @classmethod
+    def from_app(cls, app: Any) -> Settings:
+        """Read and check the settings; ConfigError names the setting at fault."""
+        url = app.conf.get("anarchon_backend")
+        if url is None:
+            broker = _broker_url(app)
+            if broker is None or _scheme(broker) not in _REDIS or ";" in broker:
+                shown = mask_url(broker) if broker else "Celery's default amqp://"
+                raise ConfigError(
+                    f"set app.conf.anarchon_backend to the store's URL: the broker ({shown}) "
+                    "is not Redis/Valkey, so anarchon cannot default to it (e.g. "
+                    "'redis://host:6379/0' or 'postgresql://host/db')")
+            url = broker
+        if not isinstance(url, str) or not url:
+            raise ConfigError(f"invalid anarchon_backend {url!r}: expected a store URL")
+        scheme = _scheme(url)
+        prefix = app.conf.get("anarchon_prefix")
+        in_url = any(k == "prefix" for k, _ in parse_qsl(urlsplit(url).query))
+        if prefix is not None and scheme in _SQL:
+            raise ConfigError(
+                f"anarchon_prefix does not apply to {scheme} stores: name the table in the URL "
+                "instead (e.g. 'postgresql://host/db?table=celery_beat_runs')")
+        if prefix is None and not in_url:
+            prefix = ("anarchon:celery:" if scheme in _REDIS
+                      else "anarchon.celery." if scheme in _BROKERS else None)
+        if prefix is not None and not isinstance(prefix, str):
+            raise ConfigError(f"invalid anarchon_prefix {prefix!r}: expected a string")
+        lease = _int("anarchon_lease_ms", _conf(app, "anarchon_lease_ms", DEFAULT_LEASE_MS),
+                     minimum=100)
+        beat = app.conf.get("anarchon_heartbeat_ms")
+        ttl = app.conf.get("anarchon_history_ttl_ms")
+        instance = app.conf.get("anarchon_instance_id")
+        if instance is not None and (not isinstance(instance, str) or not instance.strip()):
+            raise ConfigError(f"invalid anarchon_instance_id {instance!r}: expected a "
+                              "non-empty string")
+        defaults = {name: app.conf.get(f"anarchon_{name}")
+                    for name in ("jitter_ms", "max_late_ms", "catch_up_ms", "max_attempts")}
+        track = app.conf.get("anarchon_track_tasks", False)
+        if not isinstance(track, bool):
+            raise ConfigError(f"invalid anarchon_track_tasks {track!r}: expected True or False")
+        return cls(
+            backend_url=url, prefix=prefix, lease_ms=lease,
+            heartbeat_ms=None if beat is None else _int("anarchon_heartbeat_ms", beat,
+                                                        minimum=10),
+            history_size=_int("anarchon_history_size",
+                              _conf(app, "anarchon_history_size", 1000), minimum=1),
+            history_ttl_ms=None if ttl is None else _int("anarchon_history_ttl_ms", ttl,
+                                                         minimum=1),
+            instance_id=instance, job_defaults=defaults, track_tasks=track,
+            track_timeout_ms=_int("anarchon_track_timeout_ms",
+                                  _conf(app, "anarchon_track_timeout_ms",
+                                        DEFAULT_TRACK_TIMEOUT_MS), minimum=1),
+            publish_threads=_int("anarchon_publish_threads",
+                                 _conf(app, "anarchon_publish_threads", 2), minimum=1),
+        )
+
+    def make_backend(self) -> Backend:
+        """A new backend object for :attr:`backend_url` (no connection is opened yet)."""
+        options: dict[str, Any] = {}
+        if self.prefix is not None:
+            options["prefix"] = self.prefix
+        try:
+            return backend_from_url(self.backend_url, **options)
+        except ConfigError as exc:
+            raise ConfigError(f"anarchon_backend ({mask_url(self.backend_url)}): {exc}") \
+                from None
+
+    def make_scheduler(self, role: str = "beat") -> Scheduler:
+        """A core scheduler on a new backend, named ``<role>@<host>:<pid>`` by default."""
+        backend = self.make_backend()
+        if self.track_tasks and not backend.supports_leases:
+            raise ConfigError(
+                f"anarchon_track_tasks needs a lease store (Redis/Valkey, PostgreSQL, "
+                f"SQLite); {backend.describe()} only claims")
+        leases = backend.supports_leases
+        instance = self.instance_id if role == "beat" and self.instance_id else \
+            f"{role}@{socket.gethostname()}:{os.getpid()}"
+        return Scheduler(
+            backend, instance_id=instance,
+            lease_ms=self.lease_ms if leases else None,
+            heartbeat_ms=self.heartbeat_ms if leases else None,
+            history_size=self.history_size, history_ttl_ms=self.history_ttl_ms,
+            handler_threads=2)
+
+    def describe(self) -> str:
+        """The store and namespace, with any secret masked (for the beat's banner and logs)."""
+        where = mask_url(self.backend_url)
+        return f"{where} prefix={self.prefix}" if self.prefix else where

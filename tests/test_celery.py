@@ -1,0 +1,330 @@
+"""``anarchon_celery`` in one process: entries as jobs, settings, what is published, the
+beat loop during a store outage. Multi-process runs are in test_celery_beats.py."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from celery import Celery, beat
+from celery.schedules import crontab, schedule, solar
+from celery.signals import before_task_publish
+
+import anarchon_celery
+from anarchon_celery import __main__
+from anarchon_core import ConfigError, CronSchedule, EverySchedule
+
+from .stores.redis import Server, free_port, start_server
+from .test_celery_beats import redis_server  # noqa: F401 - fixture
+
+
+def make_app(broker: str, entries: dict[str, dict[str, Any]], **conf: Any) -> Celery:
+    app = Celery("t", broker=broker, set_as_current=False)
+    app.conf.update(conf)
+    app.conf.beat_schedule = entries
+    return app
+
+
+def a_solar() -> solar:
+    """A solar schedule without the optional ``ephem`` package (only its type matters)."""
+    sun = solar.__new__(solar)
+    sun.nowfun, sun._app, sun.event = None, None, "sunrise"
+    return sun
+
+
+def entry(app: Celery, name: str, **fields: Any) -> beat.ScheduleEntry:
+    return beat.ScheduleEntry(name=name, app=app, **fields)
+
+
+# ------------------------------------------------------------------ entries → jobs
+
+
+def test_intervals_become_every_on_the_epoch_grid() -> None:
+    app = make_app("memory://", {})
+    spec = anarchon_celery.job_spec(entry(app, "a", task="x", schedule=timedelta(seconds=10)),
+                                    app.timezone, {})
+    assert (spec.kind, spec.interval) == ("every", timedelta(seconds=10))
+    number = anarchon_celery.job_spec(entry(app, "b", task="x", schedule=2.5), app.timezone, {})
+    assert number.interval == timedelta(seconds=2.5)
+    grid = EverySchedule(number.interval)
+    assert grid.next_after(1_000) == 2_500  # the epoch grid, whenever a beat started
+
+
+@pytest.mark.parametrize(("cron", "expression"), [
+    (crontab(), "* * * * *"),
+    (crontab(minute="*/15", hour="8-17", day_of_week="mon-fri"), "0,15,30,45 8-17 * * 1-5"),
+    (crontab(minute=0, hour=4), "0 4 * * *"),
+    (crontab(minute="5", hour="0,12", day_of_month="1-7"), "5 0,12 1-7 * *"),
+    (crontab(minute=0, hour=0, month_of_year="*/3", day_of_month=1), "0 0 1 1,4,7,10 *"),
+    (crontab(minute=30, day_of_week="sun"), "30 * * * 0"),
+])
+def test_crontabs_become_the_same_cron_expression(cron: crontab, expression: str) -> None:
+    assert anarchon_celery.cron_expression("e", cron) == expression
+
+
+@pytest.mark.parametrize("fields", [
+    {"minute": "*/20", "hour": "9-10", "day_of_week": "mon-fri"},
+    {"minute": 0, "hour": "*/6", "day_of_month": "1-3"},
+    {"minute": 15, "hour": 4, "month_of_year": "6,7"},
+])
+def test_crontab_fires_when_celery_fires_it(fields: dict[str, Any]) -> None:
+    """On ordinary days the cron slots are the instants Celery's own crontab computes."""
+    tz = ZoneInfo("Europe/Athens")
+    app = make_app("memory://", {}, timezone="Europe/Athens")
+    now = [datetime(2027, 5, 28, 8, 0, tzinfo=tz)]
+    cron = crontab(app=app, nowfun=lambda: now[0], **fields)
+    spec = anarchon_celery.job_spec(entry(app, "c", task="x", schedule=cron), app.timezone, {})
+    assert spec.tz == "Europe/Athens"
+    ours = [datetime.fromtimestamp(s / 1000, tz) for s in CronSchedule(
+        spec.expression or "", spec.tz).upcoming(int(now[0].timestamp() * 1000), 12)]
+    theirs = []
+    last = now[0]
+    for _ in range(12):
+        now[0] = last
+        last = (last + cron.remaining_estimate(last)).astimezone(tz)
+        theirs.append(last)
+    assert ours == theirs
+
+
+def test_crontab_across_dst_changes_in_the_app_timezone() -> None:
+    """America/New_York: 02:30 does not exist on 2027-03-14 (fires once at 03:00 EDT);
+    01:30 occurs twice on 2027-11-07 (fires once, at the first)."""
+    app = make_app("memory://", {}, timezone="America/New_York")
+    tz = app.timezone
+
+    def slots(cron: crontab, start: datetime, count: int) -> list[str]:
+        spec = anarchon_celery.job_spec(entry(app, "d", task="x", schedule=cron), tz, {})
+        assert spec.tz == "America/New_York"
+        computed = CronSchedule(spec.expression or "", spec.tz)
+        return [datetime.fromtimestamp(s / 1000, timezone.utc).strftime("%m-%d %H:%M")
+                for s in computed.upcoming(int(start.timestamp() * 1000), count)]
+
+    spring = datetime(2027, 3, 13, 12, tzinfo=timezone.utc)
+    assert slots(crontab(minute=30, hour=2), spring, 3) == [
+        "03-14 07:00", "03-15 06:30", "03-16 06:30"]
+    fall = datetime(2027, 11, 6, 12, tzinfo=timezone.utc)
+    assert slots(crontab(minute=30, hour=1), fall, 3) == [
+        "11-07 05:30", "11-08 06:30", "11-09 06:30"]
+    hourly = slots(crontab(minute=0, hour="0-3"), datetime(2027, 11, 7, 3, tzinfo=timezone.utc),
+                   4)
+    assert hourly == ["11-07 04:00", "11-07 05:00", "11-07 07:00", "11-07 08:00"]
+
+
+def test_unsupported_schedules_are_refused_naming_the_entry() -> None:
+    app = make_app("memory://", {})
+    with pytest.raises(ConfigError, match=r"'sunrise'.*solar"):
+        anarchon_celery.job_spec(entry(app, "sunrise", task="x",
+                                       schedule=a_solar()),
+                                 app.timezone, {})
+    with pytest.raises(ConfigError, match=r"'both'.*day_of_month.*day_of_week"):
+        anarchon_celery.job_spec(entry(app, "both", task="x",
+                                       schedule=crontab(day_of_month=1, day_of_week=1)),
+                                 app.timezone, {})
+
+    class Odd(schedule):
+        pass
+
+    with pytest.raises(ConfigError, match=r"'odd'.*unsupported schedule Odd"):
+        anarchon_celery.job_spec(entry(app, "odd", task="x", schedule=Odd(10)), app.timezone, {})
+    with pytest.raises(ConfigError, match=r"'opts'.*unknown anarchon option"):
+        anarchon_celery.job_spec(entry(app, "opts", task="x", schedule=10,
+                                       options={"anarchon": {"jitter": 5}}), app.timezone, {})
+
+
+def test_the_digest_follows_the_definition_not_the_process() -> None:
+    app = make_app("memory://", {})
+
+    def digest(**fields: Any) -> str:
+        base = {"task": "x", "schedule": 10, "args": (1,), "options": {"queue": "q"}}
+        return anarchon_celery.job_spec(entry(app, "e", **{**base, **fields}),
+                                        app.timezone, {}).digest
+
+    assert digest() == digest()
+    assert digest(args=(2,)) != digest()
+    assert digest(schedule=20) != digest()
+    assert digest(options={"queue": "q", "anarchon": {"jitter_ms": 5}}) == digest()
+
+
+# ------------------------------------------------------------------ settings
+
+
+def test_settings_default_to_a_redis_broker_and_refuse_others() -> None:
+    settings = anarchon_celery.Settings.from_app(make_app("redis://127.0.0.1:6379/3", {}))
+    assert settings.backend_url == "redis://127.0.0.1:6379/3"
+    assert settings.prefix == "anarchon:celery:"
+    with pytest.raises(ConfigError, match=r"anarchon_backend.*not Redis"):
+        anarchon_celery.Settings.from_app(make_app("amqp://guest:secret@127.0.0.1//", {}))
+    with pytest.raises(ConfigError) as info:
+        anarchon_celery.Settings.from_app(make_app("amqp://guest:secret@127.0.0.1//", {}))
+    assert "secret" not in str(info.value)
+    with pytest.raises(ConfigError, match="anarchon_prefix does not apply"):
+        anarchon_celery.Settings.from_app(make_app(
+            "memory://", {}, anarchon_backend="postgresql://h/db", anarchon_prefix="x:"))
+    with pytest.raises(ConfigError, match="anarchon_lease_ms"):
+        anarchon_celery.Settings.from_app(make_app("redis://h", {}, anarchon_lease_ms="5s"))
+    with pytest.raises(ConfigError, match="anarchon_track_tasks needs a lease store"):
+        anarchon_celery.Settings.from_app(make_app(
+            "memory://", {}, anarchon_backend="amqp://127.0.0.1//",
+            anarchon_track_tasks=True)).make_scheduler()
+
+
+def test_a_bad_entry_stops_the_beat_at_start_with_its_name() -> None:
+    app = make_app("memory://", {"sun": {"task": "x", "schedule": a_solar()}},
+                   anarchon_backend="redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigError, match="'sun'"):
+        anarchon_celery.Scheduler(app)
+    lazy = anarchon_celery.Scheduler(app, lazy=True)  # celery beat's banner: no connection
+    assert "anarchon -> redis://127.0.0.1:1/0" in lazy.info
+    assert lazy.core is None
+
+
+# ------------------------------------------------------------------ what is published
+
+
+class Captured:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.event = threading.Event()
+
+    def __call__(self, sender: Any = None, body: Any = None, exchange: Any = None,
+                 routing_key: Any = None, headers: Any = None, properties: Any = None,
+                 **_: Any) -> None:
+        self.messages.append({"task": sender, "body": body, "exchange": exchange,
+                              "routing_key": routing_key, "headers": dict(headers or {}),
+                              "properties": dict(properties or {})})
+        self.event.set()
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    capture = Captured()
+    before_task_publish.connect(capture, weak=False)
+    try:
+        yield capture
+    finally:
+        before_task_publish.disconnect(capture)
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_entry_args_kwargs_and_options_are_published_as_celery_beat_does(
+        redis_server: Server, captured: Captured) -> None:  # noqa: F811
+    options = {"queue": "q1", "routing_key": "rk1", "priority": 7, "expires": 30,
+               "headers": {"x-custom": "v"}}
+    entries = {"e": {"task": "t.add", "schedule": 1.0, "args": (1, "a"),
+                     "kwargs": {"k": [1, 2]}, "options": dict(options)}}
+    app = make_app(redis_server.url, entries, anarchon_lease_ms=2_000)
+    ours = anarchon_celery.Scheduler(app)
+    try:
+        wait_for(lambda: any(m["headers"].get("anarchon_job") == "e"
+                             for m in captured.messages))
+        sent = next(m for m in captured.messages if m["headers"].get("anarchon_job") == "e")
+        runner = ours.core.instance_id if ours.core else ""
+        assert ours.core is not None
+        wait_for(lambda: any(r.status == "success" for r in ours.core.sync.history("e", 5)))
+        run = next(r for r in ours.core.sync.history("e", 5) if r.status == "success")
+    finally:
+        ours.close()
+    captured.messages.clear()
+    theirs = beat.Scheduler(app, lazy=True)
+    theirs.apply_async(theirs.Entry(name="e", app=app, **entries["e"]), advance=False)
+    reference = captured.messages[0]
+    assert sent["task"] == reference["task"] == "t.add"
+    assert sent["body"][:2] == reference["body"][:2] == ([1, "a"], {"k": [1, 2]})
+    assert (sent["exchange"], sent["routing_key"]) == (reference["exchange"],
+                                                       reference["routing_key"])
+    assert sent["properties"]["priority"] == reference["properties"]["priority"] == 7
+    same = ("x-custom", "celery_beat_task", "ignore_result", "retries", "timelimit")
+    assert {k: sent["headers"].get(k) for k in same} == \
+           {k: reference["headers"].get(k) for k in same}
+    expires = [datetime.fromisoformat(m["headers"]["expires"]) for m in (sent, reference)]
+    assert abs((expires[1] - expires[0]).total_seconds() - 0) < 30
+    # The slot headers a consumer deduplicates on, and history naming beat and task.
+    headers = sent["headers"]
+    assert headers["anarchon_id"] == f"e@{headers['anarchon_slot']}"
+    assert headers["anarchon_attempt"] == 1
+    assert headers["anarchon_runner"] == runner
+    assert headers["anarchon_slot"] % 1000 == 0
+    assert run.slot == headers["anarchon_slot"]
+    assert run.runner == runner
+    assert run.meta["task_id"] == headers["id"]
+    assert run.meta["task"] == "t.add"
+    assert entries["e"]["options"] == options  # the entry itself is left as it was
+
+
+def test_history_command_shows_the_beat_and_task_id_of_each_slot(
+        redis_server: Server, captured: Captured, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app(redis_server.url, {"h": {"task": "t.h", "schedule": 1.0}},
+                   anarchon_lease_ms=2_000)
+    module = types.ModuleType("anarchon_history_app")
+    module.app = app  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    ours = anarchon_celery.Scheduler(app)
+    try:
+        assert ours.core is not None
+        core = ours.core
+        wait_for(lambda: core.running)  # sync calls then run on the beat's own loop
+        wait_for(lambda: any(r.status == "success" for r in core.sync.history("h", 5)))
+    finally:
+        ours.close()
+    sent = [m["headers"] for m in captured.messages if m["headers"].get("anarchon_job") == "h"]
+    assert __main__.main(["history", "-A", f"{module.__name__}:app", "h"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["slot", "(UTC)", "attempt", "status", "beat",
+                                           "task", "id", "/", "error"]
+    assert any(h["id"] in out for h in sent), out
+    assert f"success     {core.instance_id}" in out
+
+
+def test_beat_loop_never_waits_on_an_unreachable_store(
+        tmp_path: Path, captured: Captured, caplog: pytest.LogCaptureFixture) -> None:
+    """With the store down, beat starts, ticks at once and logs the outage once; when the
+    store comes up it says so once and sends the next slots."""
+    port = free_port()
+    app = make_app("memory://", {"e": {"task": "t.x", "schedule": 1.0}},
+                   anarchon_backend=f"redis://127.0.0.1:{port}/0", anarchon_lease_ms=2_000)
+    caplog.set_level(logging.INFO, logger="anarchon")
+    started = time.monotonic()
+    scheduler = anarchon_celery.Scheduler(app)
+    server: Server | None = None
+    try:
+        assert time.monotonic() - started < 2
+        for _ in range(20):
+            before = time.monotonic()
+            assert scheduler.tick() <= 5
+            assert time.monotonic() - before < 0.05
+            time.sleep(0.2)
+        assert not captured.messages
+        down = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(down) == 1, [r.getMessage() for r in caplog.records]
+        server = start_server(tmp_path / "late")
+        server.stop()
+        server = Server(server.binary, port, tmp_path / "late")
+        server.start()
+        wait_for(lambda: captured.messages, timeout=40)
+        assert captured.messages[0]["headers"]["anarchon_job"] == "e"
+        assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1
+        back = [r for r in caplog.records if "answers again" in r.getMessage()
+                or "connected" in r.getMessage()]
+        assert len(back) == 1, [r.getMessage() for r in caplog.records]
+    finally:
+        closing = time.monotonic()
+        scheduler.close()
+        assert time.monotonic() - closing < 20
+        if server is not None:
+            server.stop()
