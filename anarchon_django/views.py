@@ -27,9 +27,9 @@ from anarchon_core import (
     StoreError,
     StoreNotSetUp,
     mask_url,
+    slot_to_datetime,
 )
 from anarchon_core.readmodel import decode_cursor, encode_cursor
-from anarchon_core.schedules import ms_to_datetime
 
 from . import conf, registry, runtime
 
@@ -218,14 +218,14 @@ def _timeline(declaration: registry.Declaration | None, runs: list[Run], options
     for slot in slots:
         found = newest.get(slot)
         if found is not None:
-            cells.append(TimelineCell(slot, ms_to_datetime(slot), found.status, found.attempt,
+            cells.append(TimelineCell(slot, slot_to_datetime(slot), found.status, found.attempt,
                                       found.duration_ms, found.error))
         elif now_ms - slot < grace:
-            cells.append(TimelineCell(slot, ms_to_datetime(slot), "pending"))
+            cells.append(TimelineCell(slot, slot_to_datetime(slot), "pending"))
         elif oldest is None or slot < oldest:
-            cells.append(TimelineCell(slot, ms_to_datetime(slot), "unknown"))
+            cells.append(TimelineCell(slot, slot_to_datetime(slot), "unknown"))
         else:
-            cells.append(TimelineCell(slot, ms_to_datetime(slot), "missed"))
+            cells.append(TimelineCell(slot, slot_to_datetime(slot), "missed"))
     return cells
 
 
