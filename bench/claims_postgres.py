@@ -65,7 +65,9 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
     floor_table = sql.Identifier(f"{table}_floor")
     backend = PostgresBackend(url, table=table)
     await backend.start()
-    conn = backend._source.conn  # type: ignore[attr-defined]  # the same connection
+    # The floor runs on the connection the backend's calls use one after another (its
+    # first own connection; concurrent calls may open up to OWN_CONNECTIONS more).
+    conn = backend._source.slots[0].conn  # type: ignore[attr-defined]
     assert isinstance(conn, psycopg.AsyncConnection)
     try:
         await conn.execute(sql.SQL(
