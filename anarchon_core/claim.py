@@ -115,8 +115,13 @@ class ClaimHandle:
         #: An end record (finish/release) is on its way: a heartbeat refused meanwhile is
         #: the store seeing that end, not another attempt.
         self._ending = False
+        self._keeper_start: asyncio.TimerHandle | None = None
         if self.timings is not None:
-            self._keeper = asyncio.ensure_future(self._keep())
+            # Most runs end before their first heartbeat is due: the keeper task starts
+            # only then (and always before the fence deadline, which it watches).
+            delay = max(0.0, min(self._next_beat, self._confirmed_until - self._margin_s)
+                        - time.monotonic())
+            self._keeper_start = self.loop.call_later(delay, self._start_keeper)
 
     # ------------------------------------------------------------------ identity
 
@@ -371,8 +376,16 @@ class ClaimHandle:
         log.info("%s: %s", self._label(), what)
         return True
 
+    def _start_keeper(self) -> None:
+        self._keeper_start = None
+        if not self._closing:
+            self._keeper = asyncio.ensure_future(self._keep())
+
     def _stop_keeping(self) -> None:
         self._closing = True
+        if self._keeper_start is not None:
+            self._keeper_start.cancel()
+            self._keeper_start = None
         self._changed.set()
         if self._beat is not None:
             self._beat.cancel()
