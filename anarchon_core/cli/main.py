@@ -45,7 +45,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _count(text: str) -> int:
+def count_arg(text: str) -> int:
+    """An argparse type for counts (``-n``, ``--limit``): a whole number, 1 to MAX_COUNT."""
     try:
         value = int(text)
     except ValueError:
@@ -67,7 +68,7 @@ def _seconds(text: str) -> float:
 
 
 def _instances(text: str) -> int:
-    value = _count(text)
+    value = count_arg(text)
     if value > 32:
         raise argparse.ArgumentTypeError(f"expected 1 to 32 instances, got {value}")
     return value
@@ -217,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="show a job's runs, newest first")
     history.add_argument("job")
     history.add_argument("--backend", help="store URL (default: $ANARCHON_URL)")
-    history.add_argument("--limit", type=_count, default=20)
+    history.add_argument("--limit", type=count_arg, default=20)
     history.add_argument("--timeout", type=_seconds, default=30.0,
                          help="seconds to wait for the store (default 30)")
     history.set_defaults(func=cmd_history)
@@ -225,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     nxt = sub.add_parser("next", parents=[common], help="the next times of a cron expression")
     nxt.add_argument("expression")
     nxt.add_argument("--tz", default="UTC")
-    nxt.add_argument("-n", type=_count, default=5, help=f"how many (1 to {MAX_COUNT})")
+    nxt.add_argument("-n", type=count_arg, default=5, help=f"how many (1 to {MAX_COUNT})")
     nxt.set_defaults(func=cmd_next)
     return parser
 

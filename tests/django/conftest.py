@@ -1,7 +1,7 @@
 """The Django test project: settings ``tests.django.settings``, pytest-django fixtures.
 
 ``store`` runs a test against each kind of backend the app supports: the project's SQLite
-database, the shared PostgreSQL (a test database of this session), and Redis by URL; each
+database, the shared PostgreSQL (a test database of this pytest session), and Redis by URL; each
 test gets a table or prefix of its own.
 """
 

@@ -2,7 +2,7 @@
 
 The SQLite databases are files (an in-memory database cannot be shared with anarchon's
 own connection); ``pg`` is the shared PostgreSQL server, where the test runner creates a
-database of its own for this session and drops it at the end.
+database of its own for this pytest session and drops it at the end.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _pg() -> dict[str, object]:
         "NAME": params.get("dbname", "test"), "USER": params.get("user", "postgres"),
         "PASSWORD": params.get("password", ""), "HOST": params.get("host", "127.0.0.1"),
         "PORT": params.get("port", "5432"),
-        # A database of this session's own, created and dropped by the test runner.
+        # A database of the pytest session's own, created and dropped by the test runner.
         "TEST": {"NAME": f"anarchon_django_{uuid.uuid4().hex[:10]}"},
     }
 

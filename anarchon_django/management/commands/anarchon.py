@@ -32,7 +32,7 @@ from anarchon_core import (
     StoreFormatError,
     StoreUnavailable,
 )
-from anarchon_core.cli.main import MAX_COUNT
+from anarchon_core.cli.main import MAX_COUNT, count_arg
 
 from ... import conf, registry, runtime
 from ...views import STATUSES, local, not_set_up, store_error
@@ -41,17 +41,6 @@ log = logging.getLogger("anarchon.django")
 T = TypeVar("T")
 #: Longest wait between two attempts to start the worker while the store is down.
 _START_RETRY_MAX_S = 30.0
-
-
-def _count(text: str) -> int:
-    """``-n``: 1 to the core CLI's :data:`~anarchon_core.cli.main.MAX_COUNT`."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_COUNT}, got {value}")
-    return value
 
 
 def _seconds(text: str) -> float:
@@ -104,7 +93,7 @@ class Command(BaseCommand):
         sub.add_parser("jobs", help="the declared jobs: schedule, next run, last result")
         history = sub.add_parser("history", help="runs, newest first")
         history.add_argument("job", nargs="?", help="only this job")
-        history.add_argument("-n", type=_count, default=20, dest="limit",
+        history.add_argument("-n", type=count_arg, default=20, dest="limit",
                              help=f"how many runs (1 to {MAX_COUNT}, default 20)")
         history.add_argument("--status", choices=STATUSES)
         history.add_argument("--runner", help="only runs of this instance id")
