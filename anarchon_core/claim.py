@@ -50,8 +50,12 @@ T = TypeVar("T")
 TIMEOUT, STOPPING, LEASE_LOST = "timeout", "stopping", "lease lost"
 #: Delays between tries of a store call that failed transiently.
 RETRY_DELAYS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
-#: How long recording the end of a claim-only run (no lease to protect it) is retried.
+#: How long recording a run's end is retried at least (lease runs: also 2 leases).
 _CLAIM_ONLY_END_RETRY_S = 30.0
+#: Lease runs retry their end record at least this often, to be first once the store is back.
+_END_RETRY_MAX_S = 0.25
+#: The shortest wait for one end-record call whose answer is late.
+_END_CALL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -214,9 +218,13 @@ class ClaimHandle:
         while not self._closing:
             now = time.monotonic()
             deadline = self._confirmed_until - self._margin_s
-            if now >= deadline:
+            if now >= deadline and not self._ending:
                 self._fence("lease not confirmed in time: the store may be unreachable")
                 return
+            if self._ending:
+                # The code has returned; its end is being recorded. Nothing to cancel any
+                # more: go on heartbeating, a confirmed one keeps backups away meanwhile.
+                deadline = now + period
             if self._beat is None and now >= self._next_beat:
                 self._beat = asyncio.ensure_future(self._heartbeat_once(period))
             wake_at = deadline if self._beat is not None else min(deadline, self._next_beat)
@@ -294,6 +302,10 @@ class ClaimHandle:
         task = asyncio.ensure_future(call)
         deadline = self.lease_deadline
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if timeout is not None and self._ending and self.timings is not None:
+            # Recording the end of code that has returned: late is still useful (the store
+            # refuses it if another attempt took over), only a hung call is cut.
+            timeout = max(timeout, self.timings.heartbeat_ms / 1000, _END_CALL_S)
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if not done:
             task.cancel()  # some clients ignore it; the reply, if any, is dropped
@@ -340,8 +352,12 @@ class ClaimHandle:
         return await self._end(lambda: self.backend.release(self.ref), "handed over")
 
     async def _end(self, call: Callable[[], Awaitable[bool]], what: str) -> bool:
-        # With a lease, tries go on while the lease is ours; without, for a bounded time.
-        give_up = float("inf") if self.timings else time.monotonic() + _CLAIM_ONLY_END_RETRY_S
+        # The code has returned, so a late end record is safe (the store refuses it once
+        # another attempt took over) and worth it: while the store is unreachable nobody can
+        # take over either, and the first record after it is back keeps the run from being
+        # run again. Tries go on for a bounded time, quickly, heartbeats beside them.
+        lease_s = self.timings.lease_ms / 1000 if self.timings else 0.0
+        give_up = time.monotonic() + max(_CLAIM_ONLY_END_RETRY_S, 2 * lease_s)
         tries = 0
         self._ending = True
         while True:
@@ -350,18 +366,16 @@ class ClaimHandle:
                 break
             except StoreUnavailable as exc:
                 tries += 1
-                retry_at = time.monotonic() + retry_delay(tries)
-                deadline = self.lease_deadline
-                if self.fenced or retry_at > give_up or (deadline is not None
-                                                         and retry_at >= deadline):
-                    if self.timings:
-                        self._fence(f"its end ({what}) could not be recorded before the lease "
-                                    f"deadline: {exc}")
+                delay = min(retry_delay(tries), _END_RETRY_MAX_S) if self.timings \
+                    else retry_delay(tries)
+                if self.fenced or time.monotonic() + delay > give_up:
                     log.error("%s: could not record its end (%s): %s", self._label(), what, exc)
                     self._stop_keeping()
                     return False
-                log.warning("%s: recording its end failed (%s); retrying", self._label(), exc)
-                await asyncio.sleep(retry_delay(tries))
+                if tries == 1:
+                    log.warning("%s: recording its end failed (%s); retrying", self._label(),
+                                exc)
+                await asyncio.sleep(delay)
             except BaseException:
                 self._stop_keeping()
                 raise
