@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from celery import beat  # type: ignore[import-untyped]
@@ -55,6 +56,8 @@ _CALL_TIMEOUT_S = 10.0
 _CLOSE_TIMEOUT_S = 15.0
 #: Longest sleep tick() asks for: beat's liveness checks see a fresh tick at least this often.
 _TICK_S = 5.0
+#: A publishing thread hands outcomes back to the loop at least this often (in jobs).
+_SETTLE_EVERY = 32
 
 
 class _Health:
@@ -198,14 +201,19 @@ class _Publisher:
             job = self.queue.get()
             if job is None:
                 return
+            done: list[tuple[_Job, Any, BaseException | None]] = []
             try:
                 with self.app.producer_or_acquire() as producer:
                     while job is not None:
-                        self._one(producer, job)
+                        done.append(self._one(producer, job))
+                        if len(done) >= _SETTLE_EVERY:
+                            _settle(done)
+                            done = []
                         job = self._next()
             except Exception as exc:  # noqa: BLE001 - the pool failed: fail this job
                 if job is not None:
-                    _resolve(job, None, exc)
+                    done.append((job, None, exc))
+            _settle(done)
 
     def _next(self) -> _Job | None:
         """The next queued job without waiting (a stop request is put back for the loop)."""
@@ -217,14 +225,12 @@ class _Publisher:
             self.queue.put(None)
         return job
 
-    def _one(self, producer: Any, job: _Job) -> None:
+    def _one(self, producer: Any, job: _Job) -> tuple[_Job, Any, BaseException | None]:
         _, _, entry, ctx = job
         try:
-            result = self.publish_fn(entry, ctx, producer)
+            return job, self.publish_fn(entry, ctx, producer), None
         except Exception as exc:  # noqa: BLE001 - reported to the slot's run
-            _resolve(job, None, exc)
-        else:
-            _resolve(job, result, None)
+            return job, None, exc
 
     def close(self, timeout: float) -> None:
         for _ in self.threads:
@@ -237,19 +243,24 @@ class _Publisher:
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Any, JobContext]
 
 
-def _resolve(job: _Job, result: Any, exc: BaseException | None) -> None:
-    loop, future, _, _ = job
+def _settle(done: list[tuple[_Job, Any, BaseException | None]]) -> None:
+    """Hand the outcomes of published jobs back to their loops, one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]] = {}
+    for outcome in done:
+        by_loop.setdefault(outcome[0][0], []).append(outcome)
+    for loop, outcomes in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(_set_outcomes, outcomes)
 
-    def settle() -> None:
+
+def _set_outcomes(outcomes: list[tuple[_Job, Any, BaseException | None]]) -> None:
+    for (_, future, _, _), result, exc in outcomes:
         if future.done():
-            return
+            continue
         if exc is not None:
             future.set_exception(exc)
         else:
             future.set_result(result)
-
-    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-        loop.call_soon_threadsafe(settle)
 
 
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
@@ -394,12 +405,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         headers.update({HEADER_JOB: ctx.job, HEADER_SLOT: ctx.slot, HEADER_ATTEMPT: ctx.attempt,
                         HEADER_RUNNER: ctx.instance_id, HEADER_ID: f"{ctx.job}@{ctx.slot}"})
         options["headers"] = headers
-        sending = copy.copy(entry)
-        sending.options = options
-        started = time.monotonic()
+        # What beat's apply_async reads of an entry (advance=False), with our options.
+        sending = SimpleNamespace(name=entry.name, task=entry.task, args=entry.args,
+                                  kwargs=entry.kwargs, options=options)
         result = beat.Scheduler.apply_async(self, sending, producer=producer, advance=False)
-        log.debug("%s slot %s attempt %s: sent %s in %.1f ms", ctx.job, ctx.slot, ctx.attempt,
-                  getattr(result, "id", None), (time.monotonic() - started) * 1000)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s slot %s attempt %s: sent %s", ctx.job, ctx.slot, ctx.attempt,
+                      getattr(result, "id", None))
         return result
 
     def _core(self) -> CoreScheduler:

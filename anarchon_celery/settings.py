@@ -20,7 +20,7 @@ setting                      meaning (default)
 ``anarchon_instance_id``     name of this beat in history (``beat@<host>:<pid>``)
 ``anarchon_track_tasks``     keep the slot's lease until its task finished on a worker (False)
 ``anarchon_track_timeout_ms`` longest a tracked task holds its slot (3 600 000)
-``anarchon_publish_threads`` threads publishing tasks (2)
+``anarchon_publish_threads`` threads publishing tasks (1)
 ===========================  ====================================================================
 """
 
@@ -77,7 +77,7 @@ class Settings:
     job_defaults: dict[str, Any] = field(default_factory=dict)
     track_tasks: bool = False
     track_timeout_ms: int = DEFAULT_TRACK_TIMEOUT_MS
-    publish_threads: int = 2
+    publish_threads: int = 1
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -132,7 +132,7 @@ class Settings:
                                   _conf(app, "anarchon_track_timeout_ms",
                                         DEFAULT_TRACK_TIMEOUT_MS), minimum=1),
             publish_threads=_int("anarchon_publish_threads",
-                                 _conf(app, "anarchon_publish_threads", 2), minimum=1),
+                                 _conf(app, "anarchon_publish_threads", 1), minimum=1),
         )
 
     def make_backend(self) -> Backend:

@@ -43,8 +43,9 @@ Rules every backend keeps:
 from __future__ import annotations
 
 import abc
+import asyncio
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -127,6 +128,17 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """Atomically claim ``(request.job, request.slot)``; see the module rules."""
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]
+                         ) -> list[ClaimResult | BaseException]:
+        """:meth:`claim` each request; in order, its result or the exception it raised.
+
+        Exactly as many separate claims (each one atomic, the decision table per request);
+        a store that can sends them together (the scheduler claims every slot due at one
+        instant this way). Never raises for one request's failure.
+        """
+        return list(await asyncio.gather(*(self.claim(r) for r in requests),
+                                          return_exceptions=True))
 
     @abc.abstractmethod
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:

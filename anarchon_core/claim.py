@@ -54,6 +54,7 @@ RETRY_DELAYS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 _CLAIM_ONLY_END_RETRY_S = 30.0
 #: Lease runs retry their end record at least this often, to be first once the store is back.
 _END_RETRY_MAX_S = 0.25
+_EVENTS_LOCK = threading.Lock()
 #: The shortest wait for one end-record call whose answer is late.
 _END_CALL_S = 1.0
 
@@ -98,7 +99,8 @@ class ClaimHandle:
         self.ref = ref
         self.runner = runner
         self.timings = timings if backend.supports_leases else None
-        self.cancel_event = threading.Event()
+        # Made when first asked for (most runs never are): see cancel_event.
+        self._cancel_event: threading.Event | None = None
         self.cancel_reason: str | None = None
         #: Recorded with the attempt's end (``Run.meta``); ``finish(meta=...)`` adds to it.
         self.meta: dict[str, str] = {}
@@ -160,9 +162,22 @@ class ClaimHandle:
         return self.ref.manual
 
     @property
+    def cancel_event(self) -> threading.Event:
+        """A :class:`threading.Event` set once the holder is asked to stop."""
+        event = self._cancel_event
+        if event is None:
+            with _EVENTS_LOCK:  # one event, whichever thread asks first
+                event = self._cancel_event
+                if event is None:
+                    event = self._cancel_event = threading.Event()
+        if self.cancel_reason is not None:  # cancelled before the event was made
+            event.set()
+        return event
+
+    @property
     def cancelled(self) -> bool:
         """True once the holder has been asked to stop (timeout, stop, lease lost)."""
-        return self.cancel_event.is_set()
+        return self.cancel_reason is not None
 
     @property
     def lease_deadline(self) -> float | None:
@@ -184,7 +199,9 @@ class ClaimHandle:
         if self.cancel_reason is not None:
             return
         self.cancel_reason = reason
-        self.cancel_event.set()
+        event = self._cancel_event
+        if event is not None:
+            event.set()
         for callback in list(self._callbacks):
             try:
                 callback(reason)

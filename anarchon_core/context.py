@@ -34,7 +34,6 @@ class JobContext:
         self.instance_id = instance_id
         self.token = handle.token
         self.manual = handle.manual
-        self.cancel_event: threading.Event = handle.cancel_event
         #: A small str → str mapping stored with this attempt's end (``Run.meta``).
         self.meta: dict[str, str] = handle.meta
 
@@ -44,9 +43,14 @@ class JobContext:
         return ms_to_datetime(self.slot)
 
     @property
+    def cancel_event(self) -> threading.Event:
+        """Set once the run has been asked to stop (wait on it in a sync handler)."""
+        return self._handle.cancel_event
+
+    @property
     def cancelled(self) -> bool:
         """True once the run has been asked to stop."""
-        return self.cancel_event.is_set()
+        return self._handle.cancelled
 
     @property
     def cancel_reason(self) -> str | None:

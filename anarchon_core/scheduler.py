@@ -64,6 +64,8 @@ _ORPHAN_JOBS_PER_PERIOD = 50
 _ORPHAN_RUNS_PER_JOB = 10
 #: The largest page asked of a store in one read.
 _STORE_PAGE = 1_000
+#: Timers due this soon (ms) fire with the current ones once their slot has come.
+_TIMER_COALESCE_MS = 20
 #: How long stop() waits for runs whose handler returned to record their end.
 _RECORD_WAIT_S = 10.0
 
@@ -549,8 +551,10 @@ class Scheduler:
                 await asyncio.sleep(delay)
 
     async def _claim_slot(self, job: _Job, slot: int, *, max_late_ms: int | None = None,
-                          raise_unavailable: bool = False) -> ClaimHandle | NotClaimed:
-        request = self._request(job, slot, max_late_ms=max_late_ms)
+                          raise_unavailable: bool = False, request: ClaimRequest | None = None
+                          ) -> ClaimHandle | NotClaimed:
+        if request is None:
+            request = self._request(job, slot, max_late_ms=max_late_ms)
         give_up_at = slot + (request.max_late_ms or job.options.max_late_ms)
         try:
             result, sent = await self._call_claim(request, give_up_at)
@@ -705,18 +709,28 @@ class Scheduler:
                 self._rearm_all()
             now = self._now_ms()
             timers = self._timers
-            while timers and timers[0][0] <= now:
+            # Timers due within a few ms go now if their slot has come (their jitter is
+            # random anyway): fewer wake-ups, and their claims share round trips.
+            soon = now + _TIMER_COALESCE_MS
+            due: list[tuple[_Job, int]] = []
+            while timers and (timers[0][0] <= now or (timers[0][0] <= soon
+                                                      and timers[0][3] <= now)):
                 _, _, generation, slot, job = heapq.heappop(timers)
                 if generation != job.generation or self._jobs.get(job.name) is not job:
                     continue  # removed or re-armed since
                 assert job.schedule is not None
-                self._spawn(self._claim_and_handle(job, slot))
+                due.append((job, slot))
                 # A wake-up late by up to the job's jitter still claims its next slot.
                 self._arm(job, job.schedule, max(slot, round(now) - job.options.jitter_ms))
+            if due:
+                self._spawn(self._claim_due(due))
             wait_s = min((timers[0][0] - now) / 1000, _MAX_SLEEP_S) if timers else _MAX_SLEEP_S
             wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wake.wait(), max(0.0, wait_s))
+            alarm = asyncio.get_running_loop().call_later(max(0.0, wait_s), wake.set)
+            try:
+                await wake.wait()
+            finally:
+                alarm.cancel()
 
     def _rearm_all(self) -> None:
         now = round(self._now_ms())
@@ -735,9 +749,47 @@ class Scheduler:
             log.info("%s: catching up slot %s", job.name, slot)
             await self._claim_and_handle(job, slot, max_late_ms=job.options.catch_up_ms)
 
-    async def _claim_and_handle(self, job: _Job, slot: int,
-                                max_late_ms: int | None = None) -> None:
-        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms)
+    async def _claim_due(self, due: list[tuple[_Job, int]]) -> None:
+        """Claim the slots the timer found due together, in one call of the store.
+
+        Each claim is still its own request and decision; one that failed (or came early
+        by the store's clock) goes the one-by-one way, with its retries, same token.
+        """
+        requests = [self._request(job, slot) for job, slot in due]
+        sent = time.monotonic()
+        results: list[ClaimResult | BaseException]
+        try:
+            results = await self.backend.claim_many(requests)
+        except Exception as exc:  # noqa: BLE001 - e.g. no connection: each retries on its own
+            results = [exc] * len(requests)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            log.warning("%d of %d claims due together failed (%s); retrying each on its own",
+                        len(failed), len(results), failed[0])
+        for (job, slot), request, result in zip(due, requests, results, strict=True):
+            if isinstance(result, BaseException) or result.outcome is ClaimOutcome.EARLY:
+                self._spawn(self._claim_and_handle(job, slot, request=request))
+            elif result.won:
+                handle = self._handle(request, result, sent)
+                if self._stopping:
+                    self._spawn(handle.release())  # hand it straight over
+                else:
+                    self._spawn(self._run_handle(job, handle))
+            elif not self._stopping:
+                self._on_not_claimed(job, slot, NotClaimed(
+                    job.name, slot, result.outcome, _reason(request, result, self._now_ms())))
+
+    def _on_not_claimed(self, job: _Job, slot: int, outcome: NotClaimed) -> None:
+        if outcome.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
+            self._spawn(self._watch(job, slot, manual=False))
+        elif outcome.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
+            log.info("%s slot %s: skipped (%s)", job.name, slot, outcome.reason)
+        else:
+            log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
+
+    async def _claim_and_handle(self, job: _Job, slot: int, max_late_ms: int | None = None,
+                                request: ClaimRequest | None = None) -> None:
+        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request)
         if self._stopping and not isinstance(outcome, ClaimHandle):
             return
         if isinstance(outcome, ClaimHandle):

@@ -15,7 +15,9 @@ publish (``before_task_publish``) to a ledger of its own.
    redbeat runs with ``beat_max_loop_interval=5`` (its lock then expires after 25 s; with
    defaults, 25 minutes).
 3. **1,000 entries**: one beat of each scheduler in turn, 1,000 entries every 10 s, 40 s
-   measured: the beat's CPU seconds per minute (user + system, all its threads), and the
+   measured: the beat's CPU seconds per minute (user + system, all its threads) beside
+   the floor, a loop making the same sends with Celery's ``apply_async`` and no scheduler
+   (what publishing itself costs), and the
    share of due sends made on time (published before the entry's next due time), the share
    published at most 1 s late, and the 95th percentile of lateness. Due times are the grid
    for anarchon, and the entry's first send plus whole periods for the others.
@@ -326,8 +328,47 @@ def lateness(sends: list[dict[str, Any]], entries: int, lo_ms: int, hi_ms: int,
     return out
 
 
+#: The floor of table 3: the same sends made by a loop calling Celery's ``apply_async``,
+#: no scheduler at all (the ledger signal included, as in every beat).
+PUBLISH_LOOP = """\
+import os, time
+from benchapp import app
+period, end = float(os.environ["PERIOD"]), time.time() + float(os.environ["RUN_S"])
+entries = list(app.conf.beat_schedule.values())
+with app.producer_or_acquire() as producer:
+    while time.time() < end:
+        time.sleep(max(0.0, (int(time.time() / period) + 1) * period - time.time()))
+        for entry in entries:
+            app.tasks[entry["task"]].apply_async(entry["args"], producer=producer,
+                                                 **entry["options"])
+"""
+
+
+def publish_floor(workdir: Path, broker: str, entries: int, measure_s: float,
+                  period: float) -> float:
+    """CPU s/min of a bare ``apply_async`` loop making the same sends as one beat."""
+    fleet = Fleet("default", workdir, broker, entries, period, uuid.uuid4().hex[:8])
+    (fleet.dir / "publish_loop.py").write_text(PUBLISH_LOOP)
+    env = dict(os.environ, BROKER=broker, CONF=json.dumps(fleet.conf()), PERIOD=str(period),
+               ENTRIES=str(entries), QUEUE=fleet.queue, LEDGER_DIR=str(fleet.ledgers),
+               RUN_S=str(measure_s + 2 * period + 5),
+               PYTHONPATH=os.pathsep.join([str(fleet.dir), str(ROOT)]))
+    proc = subprocess.Popen([sys.executable, "publish_loop.py"], cwd=fleet.dir, env=env)
+    try:
+        wait_first_sends([fleet], 60)
+        time.sleep(period)
+        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(measure_s)
+        cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    return (cpu1 - cpu0) / (t1 - t0) * 60
+
+
 def thousand_entries(workdir: Path, broker: str, entries: int, measure_s: float,
                      period: float) -> None:
+    floor = publish_floor(workdir, broker, entries, measure_s, period)
     rows = []
     for kind in KINDS:
         fleet = Fleet(kind, workdir, broker, entries, period, uuid.uuid4().hex[:8])
@@ -350,6 +391,8 @@ def thousand_entries(workdir: Path, broker: str, entries: int, measure_s: float,
     print(f"\n(3) 1 beat, {entries} entries every {period:g} s, {measure_s:.0f} s measured")
     print(f"{'scheduler':<12} {'CPU s/min':>10} {'due':>6} {'on time %':>10} "
           f"{'≤1 s late %':>12} {'p95 late s':>11}")
+    print(f"{'floor':<12} {floor:>10.2f} {'-':>6} {'-':>10} {'-':>12} {'-':>11}"
+          "   (apply_async of the same sends in a loop, no scheduler)")
     for kind, cpu, late in rows:
         made = sorted(x for x in late if x is not None)
         due = len(late)

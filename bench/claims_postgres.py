@@ -13,10 +13,16 @@ that same connection, measured in the same run. Rows:
   to the table (the indexes should keep it flat);
 * ``claim lost (backup check)``: claiming a run another instance holds (what backups do
   every 1-2 heartbeats);
-* ``heartbeat``: extending a lease;
+* ``heartbeat``: extending a lease (of those held runs: thousands running in one job; the
+  table is analyzed once they are claimed, as autovacuum keeps a table in use);
 * ``claim won, pool of 4``: throughput when the backend is given a 4-connection pool.
 
-Latency is measured one call at a time; ops/s with ``--concurrency`` calls in flight.
+Latency is measured one call at a time; ops/s with ``--concurrency`` calls in flight. A
+second table fires ``--count`` claims of distinct jobs due at one instant all at once,
+then their finishes, and reports how long each burst took and in how many transactions
+(calls made together share one), beside the same rows written by single-row INSERTs one
+after another and by one INSERT of all the rows.
+
 Tables are created under a fresh name and dropped at the end. Every claimed slot is in the
 past (long due, no ``max_late_ms``), so the store never refuses one as ``early``.
 ``--smoke`` runs the whole table with tiny counts (see ``bench/common.py``).
@@ -27,7 +33,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import time
 import uuid
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -35,6 +43,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from anarchon_core.backend import new_token
 from anarchon_core.backends.postgres import PostgresBackend
+from anarchon_core.backends.sqlstore import Batched
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 from anarchon_core.url import mask_url
 
@@ -92,6 +101,10 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
         for i in range(-warmup_for(count), 2 * count):
             held[i] = claim_request("held", BASE_SLOT + i * 1000, "owner", overlap=True)
             assert (await backend.claim(held[i])).won
+        # Statistics, as autovacuum keeps them on a table in use: without any, the planner
+        # may read one run of a job with thousands running through the index of running
+        # runs (every running run of the job) instead of the primary key.
+        await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
 
         async def claim_lost(i: int) -> None:
             result = await backend.claim(claim_request("held", held[i].slot, overlap=True))
@@ -129,6 +142,8 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
         finally:
             await pool.close()
 
+        burst_rows = await bursts(backend, conn, floor_table, count)
+
         floor_row = await measure("floor: INSERT ON CONFLICT", floor, **kw)
         print_table(
             f"PostgreSQL claims ({mask_url(url)}, {count} sequential calls for latency, "
@@ -136,10 +151,57 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
             [*rows, floor_row], floor=floor_row,
         )
         print_claims_per_second(rows, floor_row)
+        print_bursts(count, burst_rows)
     finally:
         for name in (table, f"{table}_meta", f"{table}_floor"):
             await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
         await backend.stop()
+
+
+async def bursts(backend: PostgresBackend, conn: psycopg.AsyncConnection[object],
+                 floor_table: sql.Identifier, size: int) -> list[tuple[str, float, int]]:
+    """``size`` claims due at one instant, all in flight at once, then their finishes;
+    and the floors: as many single-row INSERTs one after another, one INSERT of them all.
+
+    Each row: (name, seconds, transactions).
+    """
+    def transactions(calls: Batched[Any, Any]) -> int:
+        return calls.batcher.batches + calls.alone
+
+    requests = [claim_request(f"burst{i}", BASE_SLOT) for i in range(size)]
+    out = []
+    before, started = transactions(backend._claims), time.perf_counter()
+    results = await asyncio.gather(*(backend.claim(r) for r in requests))
+    out.append(("claims (each won)", time.perf_counter() - started,
+                transactions(backend._claims) - before))
+    assert all(r.won for r in results), "a claim of the burst was not won"
+    before, started = transactions(backend._updates), time.perf_counter()
+    ended = await asyncio.gather(*(backend.finish(RunRef(r.job, r.slot, r.token, 1), "success")
+                                   for r in requests))
+    out.append(("finishes", time.perf_counter() - started,
+                transactions(backend._updates) - before))
+    assert all(ended), "a finish of the burst was fenced"
+    one = sql.SQL("INSERT INTO {} (job, slot) VALUES (%s, %s) ON CONFLICT DO NOTHING").format(
+        floor_table)
+    started = time.perf_counter()
+    for i in range(size):
+        await conn.execute(one, ("burst-one", i))
+    out.append(("floor: single-row INSERTs in turn", time.perf_counter() - started, size))
+    started = time.perf_counter()
+    await conn.execute(sql.SQL(
+        "INSERT INTO {} (job, slot) SELECT 'burst-all', i FROM generate_series(1, %s) i "
+        "ON CONFLICT DO NOTHING").format(floor_table), (size,))
+    out.append(("floor: one INSERT of every row", time.perf_counter() - started, 1))
+    return out
+
+
+def print_bursts(size: int, rows: list[tuple[str, float, int]]) -> None:
+    print(f"\nA burst of {size} calls due at one instant, all in flight at once")
+    header = f"{'operation':<34} {'total ms':>10} {'calls/s':>10} {'transactions':>13}"
+    print(header)
+    print("-" * len(header))
+    for name, seconds, transactions in rows:
+        print(f"{name:<34} {seconds * 1000:>10.1f} {size / seconds:>10.0f} {transactions:>13}")
 
 
 def print_claims_per_second(rows: list[Measurement], floor: Measurement) -> None:

@@ -2,25 +2,32 @@
 
     python -m bench.core [--seconds 5] [--cpu-seconds 30] [--smoke]
 
-Prints two tables. Claims: each process claims fresh slots back to back for ``--seconds``
-(slots long due, each won: a refused claim stops the run); the baseline is a plain
-``INSERT ... ON CONFLICT DO NOTHING`` in a ``BEGIN IMMEDIATE`` transaction on the same kind
-of file, measured in the same run. CPU: one scheduler with 1,000 ``every("10s")`` jobs
-whose handlers do nothing (100 claims/s), against the same scheduler whose 1,000 jobs are
-daily (timers only), scaled to CPU seconds per minute. ``--smoke`` runs both tables for a
-fraction of a second each (see ``bench/common.py``).
+Claims: each process claims fresh slots back to back for ``--seconds`` (slots long due,
+each won: a refused claim stops the run), one at a time, or with ``BURST`` claims in
+flight (they share transactions). Two floors, measured in the same run on the same kind
+of file: a plain ``INSERT ... ON CONFLICT DO NOTHING`` in a ``BEGIN IMMEDIATE``
+transaction reached the way a claim is, awaited from the event loop and run by a worker
+thread that owns the connection (the floor of the first table), and the same transaction
+in a tight synchronous loop, no thread hop (the bare floor of the second table). CPU: one
+scheduler with 1,000 ``every("10s")`` jobs whose handlers do nothing (100 claims/s),
+against the same scheduler whose 1,000 jobs are daily (timers only), scaled to CPU
+seconds per minute. ``--smoke`` runs every table for a fraction of a second per row (see
+``bench/common.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import queue
 import resource
 import sqlite3
 import tempfile
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TypeVar
@@ -35,53 +42,91 @@ from .common import add_smoke_flag
 #: Seconds the scheduler runs before CPU is measured (first claims, thread start-up).
 SETTLE_SECONDS = 2.0
 SMOKE_SECONDS = 0.2
+#: Claims in flight in the batched row (each process keeps this many going).
+BURST = 256
 T = TypeVar("T")
 
-def _claims_worker(path: str, seconds: float, worker: int, out: mp.Queue[int]) -> None:
+
+def _claims_worker(path: str, seconds: float, worker: int, in_flight: int,
+                   out: mp.Queue[int]) -> None:
     async def run() -> int:
         backend = SqliteBackend(path, table="bench")
         await backend.start()
         count, deadline = 0, time.monotonic() + seconds
         base = 10**12 + worker * 10**9  # 2001 onwards: due long ago
-        while time.monotonic() < deadline:
-            result = await backend.claim(ClaimRequest(
-                job="bench", slot=base + count, token=new_token(), runner=f"w{worker}",
-                overlap=True))
-            if result.outcome is not ClaimOutcome.WON:
-                raise AssertionError(f"claim of a fresh slot answered {result}")
-            count += 1
+
+        async def claimer(lane: int) -> int:
+            done, slot = 0, base + lane * 10**7
+            while time.monotonic() < deadline:
+                result = await backend.claim(ClaimRequest(
+                    job=f"bench-{in_flight}-{lane}", slot=slot + done, token=new_token(),
+                    runner=f"w{worker}", overlap=True))
+                if result.outcome is not ClaimOutcome.WON:
+                    raise AssertionError(f"claim of a fresh slot answered {result}")
+                done += 1
+            return done
+
+        count = sum(await asyncio.gather(*(claimer(lane) for lane in range(in_flight))))
         await backend.stop()
         return count
     out.put(asyncio.run(run()))
 
 
-def _floor_worker(path: str, seconds: float, worker: int, out: mp.Queue[int]) -> None:
+def _floor_connection(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=30, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def _floor_insert(conn: sqlite3.Connection, worker: int, count: int) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO floor VALUES (?, ?) ON CONFLICT DO NOTHING", (worker, count))
+    conn.execute("COMMIT")
+
+
+def _floor_worker(path: str, seconds: float, worker: int, in_flight: int,
+                  out: mp.Queue[int]) -> None:
+    conn = _floor_connection(path)
     count, deadline = 0, time.monotonic() + seconds
     while time.monotonic() < deadline:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO floor VALUES (?, ?) ON CONFLICT DO NOTHING",
-                     (worker, count))
-        conn.execute("COMMIT")
+        _floor_insert(conn, worker, count)
         count += 1
     conn.close()
     out.put(count)
 
 
-def _rate(target: object, path: str, procs: int, seconds: float) -> float:
+def _hop_floor_worker(path: str, seconds: float, worker: int, in_flight: int,
+                      out: mp.Queue[int]) -> None:
+    """The floor on a claim's own path: each insert awaited from the event loop, run by
+    one worker thread that owns the connection, as SqliteBackend does."""
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as thread:
+            conn = await loop.run_in_executor(thread, _floor_connection, path)
+            count, deadline = 0, time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                await loop.run_in_executor(thread, _floor_insert, conn, worker, count)
+                count += 1
+            await loop.run_in_executor(thread, conn.close)
+        return count
+    out.put(asyncio.run(run()))
+
+
+def _rate(target: object, path: str, procs: int, seconds: float, in_flight: int = 1) -> float:
     ctx = mp.get_context("spawn")
     out: mp.Queue[int] = ctx.Queue()
-    workers = [ctx.Process(target=target, args=(path, seconds, i, out))  # type: ignore[arg-type]
+    workers = [ctx.Process(target=target,  # type: ignore[arg-type]
+                           args=(path, seconds, i, in_flight, out))
                for i in range(procs)]
     for w in workers:
         w.start()
-    total = sum(_collect(out, workers, timeout=seconds + 60))
+    counts: list[int] = _collect(out, workers, timeout=seconds + 60)
+    total = sum(counts)
     return total / seconds
 
 
-def _collect(out: mp.Queue[T], workers: list[BaseProcess], timeout: float) -> list[T]:
+def _collect(out: mp.Queue[T], workers: Sequence[BaseProcess], timeout: float) -> list[T]:
     """One result from each worker, then join them; fail at once if one of them fails."""
     results: list[T] = []
     deadline = time.monotonic() + timeout
@@ -102,17 +147,32 @@ def _collect(out: mp.Queue[T], workers: list[BaseProcess], timeout: float) -> li
 
 
 def claims_table(seconds: float) -> None:
-    print(f"\nSQLite claims per second (fresh slots, {seconds:g} s per row, same machine)")
-    print(f"{'processes':>9} {'anarchon claim/s':>17} {'INSERT floor/s':>15} {'claim ÷ floor':>14}")
+    rates: dict[int, dict[str, float]] = {}
     for procs in (1, 4):
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "bench.db")
             asyncio.run(_prepare(path))
-            with sqlite3.connect(path) as conn:
+            with contextlib.closing(sqlite3.connect(path)) as conn, conn:
                 conn.execute("CREATE TABLE floor (a INTEGER, b INTEGER, PRIMARY KEY (a, b))")
-            claims = _rate(_claims_worker, path, procs, seconds)
-            floor = _rate(_floor_worker, path, procs, seconds)
-        print(f"{procs:>9} {claims:>17.0f} {floor:>15.0f} {claims / floor:>14.2f}")
+            rates[procs] = {
+                "one": _rate(_claims_worker, path, procs, seconds),
+                "burst": _rate(_claims_worker, path, procs, seconds, BURST),
+                "bare": _rate(_floor_worker, path, procs, seconds),
+                "hop": _rate(_hop_floor_worker, path, procs, seconds),
+            }
+    print(f"\nSQLite claims per second, one at a time (fresh slots, {seconds:g} s per row); "
+          "floor: the same INSERT transaction reached the same way (event loop, worker thread)")
+    print(f"{'processes':>9} {'anarchon claim/s':>17} {'INSERT floor/s':>15} {'claim ÷ floor':>14}")
+    for procs, r in rates.items():
+        print(f"{procs:>9} {r['one']:>17.0f} {r['hop']:>15.0f} {r['one'] / r['hop']:>14.2f}")
+    print(f"\nThe same against the bare floor (a tight synchronous INSERT loop, no thread hop), "
+          f"and with {BURST} claims in flight per process (they share transactions)")
+    print(f"{'processes':>9} {'in flight':>9} {'claim/s':>9} {'bare INSERT/s':>14} "
+          f"{'÷ bare':>7} {'÷ floor':>8}")
+    for procs, r in rates.items():
+        for in_flight, claims in ((1, r["one"]), (BURST, r["burst"])):
+            print(f"{procs:>9} {in_flight:>9} {claims:>9.0f} {r['bare']:>14.0f} "
+                  f"{claims / r['bare']:>7.2f} {claims / r['hop']:>8.2f}")
 
 
 async def _prepare(path: str) -> None:

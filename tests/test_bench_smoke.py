@@ -14,6 +14,7 @@ take ``--smoke``); :func:`test_every_bench_command_is_smoke_tested` fails until 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -65,6 +66,14 @@ def dedicated_amqp() -> str:
         unavailable("a dedicated RabbitMQ node",
                     "none was started (the shared broker is not used for benchmarks)")
     return rabbitmq_store.URL
+
+
+def own_redis_server() -> list[str]:
+    """``--redis-server`` for a command that starts its own Redis: the binary on PATH."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        unavailable("redis-server", "not on PATH (the command starts its own server)")
+    return ["--redis-server", str(binary)]
 
 
 @dataclass(frozen=True)
@@ -123,7 +132,15 @@ SMOKES: list[Smoke] = [
         Expect(r"^scheduler +longest gap s +slots lost +of slots$"),
         Expect(r"^scheduler +CPU s/min +due +on time % +≤1 s late % +p95 late s$"),
         *(Expect(rf"^{kind} +[\d .na]+$", 3) for kind in ("default", "redbeat", "anarchon")),
+        Expect(r"^floor +[\d.]+ +- +- +- +- +\(apply_async of the same sends"),
     ]),
+    Smoke("footprint", "bench.footprint", [
+        Expect(r"^\| store \| history_size \| runs recorded \| run records kept \| kept per job "),
+        *(Expect(rf"^\| {store} \| {size} \| 160 \| \d+ \| {_NUM} / \d+ \| "
+                 rf"[-\d.,/ ]+ [KMG]?B \| -?[\d,]+ \| -?[\d,]+ \| .+ \| \d+ \|$")
+          for store in ("redis", "postgres", "sqlite") for size in ("1,000", "3")),
+    ], stores=("postgres",), args=lambda: [
+        "--postgres-url", postgres_store.POSTGRES_URL, *own_redis_server()]),
 ]
 
 

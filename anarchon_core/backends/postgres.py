@@ -7,6 +7,12 @@ PostgreSQL is only how the steps are executed:
 * claims, heartbeats, finishes and releases of one job are serialised by a
   transaction-scoped advisory lock on (table, job), so reading a run's state and writing
   the decision cannot interleave with another instance's writes to the same job;
+* statements that need no result of each other go out together, as one message: a claim
+  is two round trips (``BEGIN``, the lock, the clock with the overlap check and the current
+  state; then the writes with the ``COMMIT``), a heartbeat, finish or release one. Claims
+  made at the same moment share one transaction (the locks of all their jobs taken in one
+  fixed order, then each claim decided on its own), and so do heartbeats, finishes and
+  releases (see :mod:`anarchon_core.backends.sqlstore`);
 * times come from the server clock (``clock_timestamp()``), never from the instances;
 * anarchon's sessions run with ``lock_timeout``, ``statement_timeout`` and
   ``idle_in_transaction_session_timeout`` (set on the connection anarchon opens, local to
@@ -34,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
 
@@ -43,6 +50,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 
 from ..backend import Backend
 from ..decision import HANDED_OVER
@@ -53,15 +61,23 @@ from ..schema import sql_names, sql_schema, sql_upgrade
 from ..url import NAMESPACE_PARAMS, check_postgres_conninfo, mask_url, split_namespace_params
 from .common import parse_flag, refuse_write
 from .sqlstore import (
+    MAX_YIELDS,
+    Answers,
+    Batched,
+    Last,
     SqlQueries,
     Step,
+    Steps,
+    Update,
     check_format,
-    claim_steps,
+    claim_batch_steps,
     expired_steps,
     history_steps,
     job_names_steps,
     ref_params,
+    run_rounds,
     runs_steps,
+    update_batch_steps,
 )
 from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
@@ -74,7 +90,7 @@ logger = logging.getLogger("anarchon.postgres")
 
 T = TypeVar("T")
 #: A transaction written as steps (see :mod:`anarchon_core.backends.sqlstore`); made fresh per try.
-Work = Callable[[], Generator[Step, Any, T]]
+Work = Callable[[], Steps[T]]
 Connection = Union[
     str, "psycopg.AsyncConnection[Any]", "psycopg.Connection[Any]",
     "AsyncConnectionPool[Any]", "ConnectionPool[Any]",
@@ -84,6 +100,8 @@ Connection = Union[
 # ":name" into placeholders.
 _NOW_MS = "CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT)"
 _DEFAULT_LEASE_MS = 30_000
+#: Most calls one transaction serves (a batch of claims, or of heartbeats and finishes).
+MAX_BATCH = 128
 
 
 def _classify(exc: BaseException) -> Kind:
@@ -177,17 +195,27 @@ class PostgresBackend(Backend):
         self._source = _make_source(connection, settings)
         self._sql = self._build_sql(has_meta=True)
         self._started = False
+        # As many batches in flight as transactions the source runs at once.
+        self._claims: Batched[ClaimRequest, ClaimResult] = Batched(
+            self._claim_many, max_batch=MAX_BATCH, max_in_flight=self._source.parallel)
+        self._updates: Batched[Update, bool] = Batched(
+            self._update_many, max_batch=MAX_BATCH, max_in_flight=self._source.parallel)
 
     def _build_sql(self, *, has_meta: bool) -> dict[str, str]:
         runs, meta = self._names.runs, self._names.meta
+        # Keyed on the table's oid: one key per table whatever name or search_path reached it.
+        key = sql.SQL("hashtextextended({}, CAST(CAST(CAST({} AS regclass) AS oid) AS BIGINT))")
         queries = SqlQueries.render(
             runs=runs, meta=meta, now=_NOW_MS, placeholder="%({})s", has_meta=has_meta,
-            # Keyed on the table's oid: one key per table whatever name or search_path
-            # reached it.
-            lock_job=sql.SQL(
-                "SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, "
-                "CAST(CAST(CAST({} AS regclass) AS oid) AS BIGINT)))"
-            ).format(sql.Literal(runs)).as_string(),
+            lock_job=sql.SQL("SELECT pg_advisory_xact_lock({})").format(
+                key.format(sql.SQL(":lock_key"), sql.Literal(runs))).as_string(),
+            # Sorted by the key itself: every transaction takes its locks in one order.
+            # The ORDER BY and DISTINCT keep the subquery apart, so the locks are taken
+            # row by row in that order.
+            lock_jobs=sql.SQL(
+                "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT {} AS k "
+                "FROM unnest(CAST(:lock_keys AS TEXT[])) AS j ORDER BY k) AS keys"
+            ).format(key.format(sql.SQL("j"), sql.Literal(runs))).as_string(),
         )
         return {
             **queries.text,
@@ -202,10 +230,6 @@ class PostgresBackend(Backend):
             "schema_exists": "SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
             "create_schema": sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                 sql.Identifier(self._schema or "public")).as_string(),
-            "attempt_status": sql.SQL(
-                "SELECT status, error FROM {} WHERE job = %(job)s AND slot = %(slot)s "
-                "AND manual = %(manual)s AND attempt = %(attempt)s AND token = %(token)s"
-            ).format(sql.SQL(runs)).as_string(),
             **{f"schema_{i}": statement for i, statement in
                enumerate(sql_schema("postgresql", self.table, create_schema=False))},
             **{f"upgrade_{i}": statement for i, statement in
@@ -359,36 +383,44 @@ class PostgresBackend(Backend):
         return await self._run(read, what="clock read")
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
-        """Apply the lease decision table in one transaction (see the module docstring)."""
+        """Apply the lease decision table in one transaction (see the module docstring).
+
+        Claims made at the same moment share the transaction, each decided on its own.
+        """
         refuse_write(self, "claim")
         await self._ensure_started()
-        return await self._run(lambda: claim_steps(request, self.retention), what="claim")
+        return await self._claims.call(request)
+
+    async def _claim_many(self, requests: list[ClaimRequest]) -> Answers[ClaimResult]:
+        retention = self.retention
+        return await run_rounds(
+            requests, lambda r: r.job,
+            lambda group: self._run(lambda: claim_batch_steps(group, retention),
+                                    what="claim"))
 
     async def _update(self, query: str, ref: RunRef, params: dict[str, Any]) -> bool:
         refuse_write(self, query)
         await self._ensure_started()
-        uncertain = query == "finish" and ref.token in self._uncertain
+        recheck = query == "finish" and ref.token in self._uncertain
+        return await self._updates.call(Update(query, ref, params, recheck))
 
-        def update() -> Generator[Step, Any, bool]:
-            yield Step("lock_job", {"lock_key": ref.job})
-            if uncertain:
-                # The previous try may have committed before its answer was lost.
-                rows = yield Step("attempt_status", ref_params(ref))
-                if rows and (rows[0][0], rows[0][1]) == (params["status"], params["error"]):
-                    return True
-            return bool((yield Step(query, params, rows=False)) == 1)
-
-        try:
-            done = await self._run(update, what=query)
-        except StoreUnavailable:
-            if query == "finish":
+    async def _update_many(self, updates: list[Update]) -> Answers[bool]:
+        answers = await run_rounds(
+            updates, lambda u: u.attempt_key,
+            lambda group: self._run(lambda: update_batch_steps(group),
+                                    what="/".join(sorted({u.query for u in group}))))
+        for update, answer in zip(updates, answers, strict=True):
+            if update.query != "finish":
+                continue
+            if isinstance(answer, StoreUnavailable):
+                # It may have committed before the answer was lost: the next finish with
+                # this token first looks for its own result.
                 if len(self._uncertain) >= 10_000:
                     self._uncertain.clear()
-                self._uncertain.add(ref.token)
-            raise
-        if query == "finish":
-            self._uncertain.discard(ref.token)
-        return done
+                self._uncertain.add(update.ref.token)
+            elif not isinstance(answer, BaseException):
+                self._uncertain.discard(update.ref.token)
+        return answers
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""
@@ -460,7 +492,10 @@ def _lost(error: psycopg.Error, conn: psycopg.BaseConnection[Any]) -> psycopg.Er
 
 
 class _Source(Protocol):
-    async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T: ...
+    #: How many transactions it runs at once (connections it can use side by side).
+    parallel: int
+
+    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T: ...
 
     async def close(self) -> None: ...
 
@@ -478,58 +513,168 @@ def _check_idle(conn: psycopg.BaseConnection[Any]) -> None:
         )
 
 
+def _as_list(item: Step | list[Step]) -> list[Step]:
+    return item if isinstance(item, list) else [item]
+
+
+def _too_many() -> RuntimeError:
+    return RuntimeError(f"a transaction yielded more than {MAX_YIELDS} times")
+
+
+# How a transaction goes out: each item the steps yield (one statement, or a list of
+# statements that need no result of each other) is ONE simple-protocol Query message,
+# its parameters bound on the client: one round trip, with ``BEGIN`` in the first message
+# and ``COMMIT`` in the one carrying the Last steps. The server has read the whole message
+# before it runs any of it, and it sits "idle in transaction" (its timeout armed) between
+# messages, so a client frozen halfway can never hold a job's lock past that timeout. (In
+# pipeline mode it could: the server arms that timeout only at a Sync, and psycopg writes
+# each pipelined statement out as it is queued.)
+
+
+def _message(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
+             queries: dict[str, str], head: list[str], steps: list[Step],
+             commit: bool) -> str:
+    """The statements of one round trip as one text (values bound as literals)."""
+    parts = [*head, *(cur.mogrify(queries[step.query], step.params) for step in steps)]
+    if commit:
+        parts.append("COMMIT")
+    return ";\n".join(parts)
+
+
+def _head(conn: psycopg.BaseConnection[Any], settings: dict[str, str] | None,
+          cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any]) -> list[str]:
+    """The statements the first message starts with.
+
+    ``BEGIN`` (unless the connection is not in autocommit mode: psycopg begins then), and
+    the transaction's timeouts when given.
+    """
+    head = ["BEGIN"] if conn.autocommit else []
+    if settings is not None:
+        head.append(cur.mogrify(_SETTINGS.format(scope="true"), settings))
+    return head
+
+
 async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, str],
-                       steps: Generator[Step, Any, T], settings: dict[str, str] | None) -> T:
+                       steps: Steps[T], settings: dict[str, str] | None) -> T:
     """Run ``steps`` in one transaction; return only once the COMMIT has succeeded.
 
-    ``settings``: the timeouts to set for this transaction (None: the session has them).
+    One round trip per item the steps yield (see above). ``settings``: the timeouts to set
+    for this transaction (None: the session has them).
     """
     _check_idle(conn)
+    cur = psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
+    head = _head(conn, settings, cur)
     try:
-        async with conn.transaction():
-            cur = conn.cursor()
-            if settings is not None:
-                await cur.execute(_SETTINGS.format(scope="true"), settings)
-            reply: Any = None
-            while True:
-                try:
-                    step = steps.send(reply)
-                except StopIteration as done:
-                    result: T = done.value
-                    break
-                await cur.execute(queries[step.query], step.params)
-                reply = await cur.fetchall() if step.rows else cur.rowcount
+        reply: Any = None
+        for _ in range(MAX_YIELDS):
+            try:
+                item = steps.send(reply)
+            except StopIteration as done:
+                await cur.execute(_message(cur, queries, head, [], commit=True))
+                result: T = done.value
+                return result
+            batch, last = _as_list(item), isinstance(item, Last)
+            text = _message(cur, queries, head, batch, commit=last)
+            replies: list[Any] = []
+            if text:
+                await cur.execute(text)
+                for i in range(len(head) + len(batch)):
+                    if i and not cur.nextset():
+                        raise psycopg.InterfaceError("fewer results than statements")
+                    if i >= len(head):
+                        step = batch[i - len(head)]
+                        replies.append(await cur.fetchall() if step.rows else cur.rowcount)
+            head = []
+            reply = replies if isinstance(item, list) else replies[0]
+            if last:
+                return _finish_steps(steps, replies)
+        raise _too_many()
+    except BaseException as exc:
+        await _rollback_async(conn)
+        if isinstance(exc, psycopg.Error) and (lost := _lost(exc, conn)) is not exc:
+            raise lost from exc
+        raise
+
+
+async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """End a failed transaction, if the connection still holds one (never raises)."""
+    if conn.broken or conn.closed or \
+            conn.info.transaction_status not in (TransactionStatus.INTRANS,
+                                                 TransactionStatus.INERROR):
+        return
+    try:
+        await conn.rollback()
     except psycopg.Error as exc:
-        lost = _lost(exc, conn)
-        if lost is exc:
-            raise
-        raise lost from exc
-    return result
+        logger.debug("rollback after a failed transaction failed: %s", exc)
 
 
 def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
-                steps: Generator[Step, Any, T], settings: dict[str, str]) -> T:
+                steps: Steps[T], settings: dict[str, str]) -> T:
     """The blocking twin of :func:`_drive_async`, for a user's synchronous connection."""
     _check_idle(conn)
+    cur = psycopg.ClientCursor(conn, row_factory=tuple_row)
+    head = _head(conn, settings, cur)
     try:
-        with conn.transaction():
-            cur = conn.cursor()
-            cur.execute(_SETTINGS.format(scope="true"), settings)
-            reply: Any = None
-            while True:
-                try:
-                    step = steps.send(reply)
-                except StopIteration as done:
-                    result: T = done.value
-                    break
-                cur.execute(queries[step.query], step.params)
-                reply = cur.fetchall() if step.rows else cur.rowcount
+        reply: Any = None
+        for _ in range(MAX_YIELDS):
+            try:
+                item = steps.send(reply)
+            except StopIteration as done:
+                cur.execute(_message(cur, queries, head, [], commit=True))
+                result: T = done.value
+                return result
+            batch, last = _as_list(item), isinstance(item, Last)
+            text = _message(cur, queries, head, batch, commit=last)
+            replies: list[Any] = []
+            if text:
+                cur.execute(text)
+                for i in range(len(head) + len(batch)):
+                    if i and not cur.nextset():
+                        raise psycopg.InterfaceError("fewer results than statements")
+                    if i >= len(head):
+                        step = batch[i - len(head)]
+                        replies.append(cur.fetchall() if step.rows else cur.rowcount)
+            head = []
+            reply = replies if isinstance(item, list) else replies[0]
+            if last:
+                return _finish_steps(steps, replies)
+        raise _too_many()
+    except BaseException as exc:
+        _rollback_sync(conn)
+        if isinstance(exc, psycopg.Error) and (lost := _lost(exc, conn)) is not exc:
+            raise lost from exc
+        raise
+
+
+def _rollback_sync(conn: psycopg.Connection[Any]) -> None:
+    """The blocking twin of :func:`_rollback_async`."""
+    if conn.broken or conn.closed or \
+            conn.info.transaction_status not in (TransactionStatus.INTRANS,
+                                                 TransactionStatus.INERROR):
+        return
+    try:
+        conn.rollback()
     except psycopg.Error as exc:
-        lost = _lost(exc, conn)
-        if lost is exc:
-            raise
-        raise lost from exc
-    return result
+        logger.debug("rollback after a failed transaction failed: %s", exc)
+
+
+def _finish_steps(steps: Steps[T], replies: list[Any]) -> T:
+    """Hand the replies of the :class:`Last` steps back; the generator must end there."""
+    try:
+        steps.send(replies)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    raise RuntimeError("a transaction yielded steps after its Last ones")
+
+
+if sys.version_info >= (3, 11):
+    async def _within(work: Awaitable[T], seconds: float) -> T:
+        """``work``, cancelled after ``seconds`` (TimeoutError); no task of its own."""
+        async with asyncio.timeout(seconds):
+            return await work
+else:
+    _within = asyncio.wait_for
 
 
 #: Connections anarchon opens itself per backend: claims of different jobs due at one
@@ -550,6 +695,8 @@ class _OwnedConnection:
 
     Up to :data:`OWN_CONNECTIONS` of them, each used by one transaction at a time.
     """
+
+    parallel = OWN_CONNECTIONS
 
     def __init__(self, conninfo: str, settings: dict[str, str]) -> None:
         params = check_postgres_conninfo(conninfo, conninfo_to_dict)
@@ -624,7 +771,7 @@ class _OwnedConnection:
         self._turn = (self._turn + 1) % len(self.slots)
         return self.slots[self._turn]
 
-    async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
+    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
         slot = self._pick()
         async with slot.lock:
             if slot.conn is None or slot.conn.closed:
@@ -633,8 +780,7 @@ class _OwnedConnection:
             try:
                 limit = self.timeouts.transaction_s
                 try:
-                    return await asyncio.wait_for(_drive_async(conn, queries, steps, None),
-                                                  limit)
+                    return await _within(_drive_async(conn, queries, steps, None), limit)
                 except asyncio.TimeoutError:
                     raise psycopg.OperationalError(
                         f"no answer from the server within {limit:g} s") from None
@@ -655,6 +801,8 @@ class _OwnedConnection:
 
 
 class _UserAsyncConnection:
+    parallel = 1
+
     def __init__(self, conn: psycopg.AsyncConnection[Any], settings: dict[str, str]) -> None:
         self.conn = conn
         self.settings = settings
@@ -663,7 +811,7 @@ class _UserAsyncConnection:
     def describe(self) -> str:
         return "<psycopg.AsyncConnection>"
 
-    async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
+    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
         async with self.lock:
             return await _drive_async(self.conn, queries, steps, self.settings)
 
@@ -675,11 +823,12 @@ class _UserAsyncPool:
     def __init__(self, pool: AsyncConnectionPool[Any], settings: dict[str, str]) -> None:
         self.pool = pool
         self.settings = settings
+        self.parallel = max(1, pool.max_size)
 
     def describe(self) -> str:
         return "<psycopg_pool.AsyncConnectionPool>"
 
-    async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
+    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
         async with self.pool.connection() as conn:  # PoolTimeout is an OperationalError
             return await _drive_async(conn, queries, steps, self.settings)
 
@@ -688,6 +837,8 @@ class _UserAsyncPool:
 
 
 class _UserSyncConnection:
+    parallel = 1
+
     def __init__(self, conn: psycopg.Connection[Any], settings: dict[str, str]) -> None:
         self.conn = conn
         self.settings = settings
@@ -696,11 +847,11 @@ class _UserSyncConnection:
     def describe(self) -> str:
         return "<psycopg.Connection>"
 
-    def _run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
+    def _run(self, queries: dict[str, str], steps: Steps[T]) -> T:
         with self.lock:
             return _drive_sync(self.conn, queries, steps, self.settings)
 
-    async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
+    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
         return await asyncio.to_thread(self._run, queries, steps)
 
     async def close(self) -> None:
@@ -711,15 +862,16 @@ class _UserSyncPool:
     def __init__(self, pool: ConnectionPool[Any], settings: dict[str, str]) -> None:
         self.pool = pool
         self.settings = settings
+        self.parallel = max(1, pool.max_size)
 
     def describe(self) -> str:
         return "<psycopg_pool.ConnectionPool>"
 
-    def _run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
+    def _run(self, queries: dict[str, str], steps: Steps[T]) -> T:
         with self.pool.connection() as conn:  # PoolTimeout is an OperationalError
             return _drive_sync(conn, queries, steps, self.settings)
 
-    async def run(self, queries: dict[str, str], steps: Generator[Step, Any, T]) -> T:
+    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
         return await asyncio.to_thread(self._run, queries, steps)
 
     async def close(self) -> None:

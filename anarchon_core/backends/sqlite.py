@@ -4,7 +4,9 @@ Uses the standard library's ``sqlite3`` in WAL mode. Every claim is one ``BEGIN
 IMMEDIATE`` transaction, which takes SQLite's write lock first and so serialises claims
 across processes; a busy timeout makes concurrent writers wait instead of failing.
 All calls run on one worker thread that owns the connection, so the event loop never
-blocks on the file.
+blocks on the file. Claims made at the same moment share one transaction (one hop to the
+thread, one commit), and so do heartbeats, finishes and releases; each claim is still
+decided on its own (:func:`~anarchon_core.backends.sqlstore.claim_batch_steps`).
 
 The store clock is the machine's clock (SQLite's ``julianday('now')``), shared by every
 process on the machine, so leases stay correct across processes.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,15 +34,22 @@ from ..schema import sql_names, sql_schema, sql_upgrade
 from ..url import mask_url, split_namespace_params
 from .common import parse_flag, refuse_write
 from .sqlstore import (
+    MAX_YIELDS,
+    Answers,
+    Batched,
     SqlQueries,
     Step,
+    Steps,
+    Update,
     check_format,
-    claim_steps,
+    claim_batch_steps,
     expired_steps,
     history_steps,
     job_names_steps,
     ref_params,
+    run_rounds,
     runs_steps,
+    update_batch_steps,
 )
 from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
@@ -50,6 +59,8 @@ T = TypeVar("T")
 _NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 #: The shortest lock wait a lease can shrink the busy timeout to.
 _MIN_BUSY_MS = 1_000
+#: Most calls one transaction serves (a batch of claims, or of heartbeats and finishes).
+MAX_BATCH = 256
 
 
 def _classify(exc: BaseException) -> Kind:
@@ -99,12 +110,17 @@ class SqliteBackend(Backend):
         self._queries = self._render(has_meta=True)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        # One transaction at a time: the worker thread owns the one connection.
+        self._claims: Batched[ClaimRequest, ClaimResult] = Batched(
+            self._claim_many, max_batch=MAX_BATCH, max_in_flight=1)
+        self._updates: Batched[Update, bool] = Batched(
+            self._update_many, max_batch=MAX_BATCH, max_in_flight=1)
 
     def _render(self, *, has_meta: bool) -> SqlQueries:
         return SqlQueries.render(
             runs=self._names.runs, meta=self._names.meta, now=_NOW_MS, placeholder=":{}",
             # BEGIN IMMEDIATE already holds the database's write lock.
-            lock_job="SELECT :lock_key", has_meta=has_meta,
+            lock_job="SELECT :lock_key", lock_jobs="SELECT 1", has_meta=has_meta,
         )
 
     @classmethod
@@ -250,18 +266,26 @@ class SqliteBackend(Backend):
         await asyncio.get_running_loop().run_in_executor(executor, close)
         executor.shutdown(wait=True)
 
-    def _drive(self, conn: sqlite3.Connection, steps: Generator[Step, Any, T]) -> T:
+    def _drive(self, conn: sqlite3.Connection, steps: Steps[T]) -> T:
+        """Run the steps in order (a list of steps too, one after another)."""
         reply: Any = None
-        try:
-            while True:
-                step = steps.send(reply)
-                cursor = conn.execute(self._queries[step.query], step.params)
-                reply = cursor.fetchall() if step.rows else cursor.rowcount
-        except StopIteration as done:
-            result: T = done.value
-            return result
+        for _ in range(MAX_YIELDS):
+            try:
+                item = steps.send(reply)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            if isinstance(item, Step):
+                reply = self._execute(conn, item)
+            else:
+                reply = [self._execute(conn, step) for step in item]
+        raise RuntimeError(f"a transaction yielded more than {MAX_YIELDS} times")
 
-    async def _read(self, steps: Callable[[], Generator[Step, Any, T]]) -> T:
+    def _execute(self, conn: sqlite3.Connection, step: Step) -> Any:
+        cursor = conn.execute(self._queries[step.query], step.params)
+        return cursor.fetchall() if step.rows else cursor.rowcount
+
+    async def _read(self, steps: Callable[[], Steps[T]]) -> T:
         """Run read steps in one (deferred) transaction: one snapshot of the file."""
         def read(conn: sqlite3.Connection) -> T:
             conn.execute("BEGIN")
@@ -277,33 +301,48 @@ class SqliteBackend(Backend):
         return int(rows[0][0])
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
-        """Apply the lease decision table in one ``BEGIN IMMEDIATE`` transaction."""
+        """Apply the lease decision table in a ``BEGIN IMMEDIATE`` transaction.
+
+        Claims made at the same moment share the transaction (see the module docstring).
+        """
         refuse_write(self, "claim")
-        return await self._call(
-            lambda c: self._transaction(
-                c, lambda: self._drive(c, claim_steps(request, self.retention)))
-        )
+        return await self._claims.call(request)
 
-    async def _update(self, query: str, params: dict[str, Any]) -> bool:
+    def _write(self, steps: Callable[[], Steps[T]], what: str) -> Awaitable[T]:
+        """Run ``steps`` as one ``BEGIN IMMEDIATE`` transaction on the worker thread."""
+        return self._call(lambda c: self._transaction(c, lambda: self._drive(c, steps())),
+                          what)
+
+    async def _claim_many(self, requests: list[ClaimRequest]) -> Answers[ClaimResult]:
+        retention = self.retention
+        return await run_rounds(
+            requests, lambda r: r.job,
+            lambda group: self._write(lambda: claim_batch_steps(group, retention), "claim"))
+
+    async def _update_many(self, updates: list[Update]) -> Answers[bool]:
+        return await run_rounds(
+            updates, lambda u: u.attempt_key,
+            lambda group: self._write(lambda: update_batch_steps(group),
+                                      "/".join(sorted({u.query for u in group}))))
+
+    async def _update(self, query: str, ref: RunRef, params: dict[str, Any]) -> bool:
         refuse_write(self, query)
-
-        def run(conn: sqlite3.Connection) -> bool:
-            return conn.execute(self._queries[query], params).rowcount == 1
-        return await self._call(run)
+        return await self._updates.call(Update(query, ref, params))
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease if ``ref`` is still the current attempt."""
-        return await self._update("heartbeat", {**ref_params(ref), "lease_ms": lease_ms})
+        return await self._update("heartbeat", ref, {**ref_params(ref), "lease_ms": lease_ms})
 
     async def finish(self, ref: RunRef, status: str, error: str | None = None,
                      meta: Mapping[str, str] | None = None) -> bool:
         """Record the end of the attempt if ``ref`` is still the current attempt."""
-        return await self._update("finish", {**ref_params(ref), "status": status,
-                                             "error": error, "meta": dump_meta(meta)})
+        return await self._update("finish", ref, {**ref_params(ref), "status": status,
+                                                  "error": error, "meta": dump_meta(meta)})
 
     async def release(self, ref: RunRef) -> bool:
         """Expire the lease now so a backup takes over at once."""
-        return await self._update("release", {**ref_params(ref), "handed_over": HANDED_OVER})
+        return await self._update("release", ref,
+                                  {**ref_params(ref), "handed_over": HANDED_OVER})
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first."""

@@ -5,6 +5,17 @@ claim: the steps below are written once, free of I/O, as a generator that yields
 :class:`Step` objects (a named query and its parameters) and receives each result. A
 backend only drives the generator inside one transaction of its own store. The decision
 itself comes from :func:`anarchon_core.decision.decide`.
+
+A generator may also yield a list of steps that do not depend on each other's results; it
+receives the list of their results. PostgreSQL sends such a list in one round trip (one
+message), SQLite runs it in order. A :class:`Last` list is the transaction's final one:
+nothing is yielded after it, so its statements and the ``COMMIT`` share a round trip.
+
+Claims, heartbeats, finishes and releases due at one instant are batched: one transaction
+serves many calls (:func:`claim_batch_steps`, :func:`update_batch_steps`,
+:func:`run_rounds`). Every job's lock is taken first, in one fixed order, and the decision
+table is still applied to each claim on its own; a transaction holds at most one claim per
+job, so no decision depends on another of the same transaction.
 """
 
 from __future__ import annotations
@@ -12,13 +23,14 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, Union
 
 from ..backend import Retention
-from ..decision import Action, RunState, decide, needs_overlap_check
-from ..errors import StoreError
+from ..batching import CallBatcher
+from ..decision import Action, Decision, RunState, decide, needs_overlap_check
+from ..errors import StoreError, StoreUnavailable
 from ..models import (
     FINISHED_STATUSES,
     ClaimOutcome,
@@ -35,8 +47,9 @@ from ..schedules import ms_to_datetime
 from .common import check_format_value
 from .storeerrors import CorruptRecords
 
-__all__ = ["SqlQueries", "Step", "check_format", "claim_steps", "expired_steps",
-           "job_names_steps", "rows_to_runs", "runs_steps"]
+__all__ = ["Batched", "Last", "SqlQueries", "Step", "Steps", "Update", "check_format",
+           "claim_batch_steps", "claim_steps", "expired_steps", "job_names_steps",
+           "rows_to_runs", "run_rounds", "runs_steps", "update_batch_steps"]
 
 log = logging.getLogger("anarchon.sql")
 #: Rows anarchon cannot read are reported once each, then skipped quietly.
@@ -44,11 +57,14 @@ corrupt_records = CorruptRecords(log)
 
 #: A claim trims old history about once in this many won claims.
 TRIM_EVERY = 20
+#: No transaction yields more often than this (a bound for the drivers' loops).
+MAX_YIELDS = 10_000
 
 # Templates: {runs} and {meta} are the quoted table names, {now} the dialect's expression
 # for the store clock in ms, {lock_job} a statement that serialises claims of one job until
-# the transaction ends (``:lock_key`` names the job), {meta_col} the meta column (NULL for
-# a table without it) and {set_meta} its assignment in ``finish``. Parameters are :named.
+# the transaction ends (``:lock_key`` names the job), {lock_jobs} the same for every job of
+# ``:lock_keys`` (a list), taken in one fixed order, {meta_col} the meta column (NULL for a
+# table without it) and {set_meta} its assignment in ``finish``. Parameters are :named.
 # The tables themselves are created by :func:`anarchon_core.schema.sql_schema`.
 _COLUMNS = ("job, slot, attempt, status, runner, started_at, finished_at, error, manual, "
             "lease_until, {meta_col}")
@@ -56,15 +72,19 @@ _TEMPLATES: dict[str, str] = {
     "read_format": "SELECT value FROM {meta} WHERE name = 'format'",
     "now": "SELECT {now}",
     "lock_job": "{lock_job}",
+    "lock_jobs": "{lock_jobs}",
     "current": """
         SELECT attempt, token, status, lease_until FROM {runs}
         WHERE job = :job AND slot = :slot AND manual = :manual
         ORDER BY attempt DESC LIMIT 1""",
+    # The clock, and whether another run of the job holds a lease ending after that same
+    # reading: one statement, so it needs no earlier result (it can share a round trip).
     "other_live": """
-        SELECT 1 FROM {runs}
-        WHERE job = :job AND status = 'running' AND lease_until > :now
-          AND NOT (slot = :slot AND manual = :manual)
-        LIMIT 1""",
+        SELECT c.clock, EXISTS (
+            SELECT 1 FROM {runs}
+            WHERE job = :job AND status = 'running' AND lease_until > c.clock
+              AND NOT (slot = :slot AND manual = :manual))
+        FROM (SELECT {now} AS clock) c""",
     "insert_attempt": """
         INSERT INTO {runs} (job, slot, manual, attempt, token, status, runner,
                             lease_until, started_at, finished_at, error)
@@ -88,6 +108,10 @@ _TEMPLATES: dict[str, str] = {
         UPDATE {runs} SET lease_until = {now}, error = :handed_over
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token AND status = 'running'""",
+    "attempt_status": """
+        SELECT status, error FROM {runs}
+        WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
+          AND token = :token""",
     "history": f"""
         SELECT {_COLUMNS}
         FROM {{runs}} WHERE job = :job
@@ -105,10 +129,19 @@ _TEMPLATES: dict[str, str] = {
     "trim_cutoff": """
         SELECT slot FROM {runs} WHERE job = :job AND attempt = 1
         ORDER BY slot DESC LIMIT 1 OFFSET :keep_runs""",
-    "trim_before": """
-        DELETE FROM {runs}
-        WHERE job = :job AND slot <= :cutoff AND slot < :keep_after AND status <> 'running'""",
 }
+# Trimming in one statement: drop finished runs at or before the ``history_size``-th newest
+# first attempt (no such run: nothing) and, with a TTL, at or before the TTL cutoff too
+# (``slot <= max(a, b)`` as an OR, so a missing cutoff, NULL, bounds nothing in both
+# dialects); never at or after ``keep_after``.
+_TEMPLATES["trim"] = f"""
+        DELETE FROM {{runs}}
+        WHERE job = :job AND slot <= ({_TEMPLATES["trim_cutoff"]})
+          AND slot < :keep_after AND status <> 'running'"""
+_TEMPLATES["trim_ttl"] = f"""
+        DELETE FROM {{runs}}
+        WHERE job = :job AND (slot <= ({_TEMPLATES["trim_cutoff"]}) OR slot <= :ttl_cutoff)
+          AND slot < :keep_after AND status <> 'running'"""
 
 
 # ``runs``: one query per combination of filters (``runs_<flags>``, see runs_query_name).
@@ -142,7 +175,7 @@ class SqlQueries:
     @classmethod
     def render(
         cls, *, runs: str, meta: str, now: str, placeholder: str, lock_job: str,
-        has_meta: bool = True,
+        lock_jobs: str, has_meta: bool = True,
     ) -> SqlQueries:
         """Fill the templates; ``placeholder`` is a format like ``"%({})s"`` or ``":{}"``.
 
@@ -150,11 +183,13 @@ class SqlQueries:
         that could not be upgraded reads meta as empty and does not store it).
         """
         names = {"runs": runs, "meta": meta, "now": now, "lock_job": lock_job,
+                 "lock_jobs": lock_jobs,
                  "meta_col": "meta" if has_meta else "NULL",
                  "set_meta": ", meta = :meta" if has_meta else ""}
         out = {}
         for key, template in _TEMPLATES.items():
             sql = template.replace("{meta_col}", names["meta_col"]).format(**names)
+            sql = " ".join(sql.split())  # no template has a literal with a run of spaces
             out[key] = re.sub(r"(?<!:):([a-z_]+)", lambda m: placeholder.format(m.group(1)), sql)
         return cls(out)
 
@@ -171,7 +206,23 @@ class Step:
     rows: bool = True
 
 
-ClaimSteps = Generator[Step, Any, ClaimResult]
+class Last(list[Step]):
+    """The transaction's last steps: the generator yields nothing after them.
+
+    A driver may send the ``COMMIT`` with them, in the same round trip; their results
+    still come back, once the commit has succeeded.
+    """
+
+
+T = TypeVar("T")
+Item = TypeVar("Item")
+R = TypeVar("R")
+#: A transaction written as steps: yields a :class:`Step` (gets its result back) or a list
+#: of steps that need no result of each other (gets the list of their results).
+Steps = Generator[Union[Step, list[Step]], Any, T]  # noqa: UP007 - a runtime alias
+ClaimSteps = Steps[ClaimResult]
+#: The answers to a batch, in its order: each call's result, or the error of its own call.
+Answers = list[Union[R, BaseException]]  # noqa: UP007 - a runtime alias
 
 
 def ref_params(ref: RunRef) -> dict[str, Any]:
@@ -180,41 +231,235 @@ def ref_params(ref: RunRef) -> dict[str, Any]:
             "attempt": ref.attempt, "token": ref.token}
 
 
+def _lock_step(jobs: list[str]) -> Step:
+    """The locks of ``jobs`` (sorted, distinct), taken in one statement in a fixed order.
+
+    Every transaction takes all its locks first, each in that same order, so two batches
+    (of any instances) can wait for each other but never deadlock.
+    """
+    if len(jobs) == 1:
+        return Step("lock_job", {"lock_key": jobs[0]}, rows=False)
+    return Step("lock_jobs", {"lock_keys": jobs}, rows=False)
+
+
 def claim_steps(req: ClaimRequest, retention: Retention) -> ClaimSteps:
     """The claim, as steps to run inside one transaction that serialises claims per job."""
-    key = {"job": req.job, "slot": req.slot, "manual": int(req.manual)}
-    yield Step("lock_job", {"lock_key": req.job})
-    now = int((yield Step("now", {}))[0][0])
-    rows = yield Step("current", key)
-    state = _run_state(req, rows[0]) if rows else None
-    other_live = False
-    if needs_overlap_check(req, state):
-        other_live = bool((yield Step("other_live", {**key, "now": now})))
-    decision = decide(req, state, now, other_live)
+    [result] = yield from claim_batch_steps([req], retention)
+    return result
+
+
+def claim_batch_steps(reqs: Sequence[ClaimRequest],
+                      retention: Retention) -> Steps[list[ClaimResult]]:
+    """Claims of distinct jobs in one transaction: two lists of steps, whatever their number.
+
+    First the lock of every job, in a statement of its own, so that every read after it sees
+    what earlier holders committed; then, for each claim, the store clock (with the overlap
+    check when the job forbids overlap) and the run's current state. Then
+    :func:`~anarchon_core.decision.decide` for each claim on its own, and the writes of all
+    of them as the :class:`Last` steps.
+    """
+    jobs = sorted({req.job for req in reqs})
+    if len(jobs) != len(reqs):
+        raise ValueError("a claim batch holds at most one claim per job")
+    if not reqs:
+        return []
+    reads = [_lock_step(jobs)]
+    for req in reqs:
+        key = _claim_key(req)
+        # The overlap check is read with the state, before it is known to be needed; its
+        # result is used only when the decision table asks for it, as before.
+        reads.append(Step("now", {}) if req.overlap else Step("other_live", key))
+        reads.append(Step("current", key))
+    replies = yield reads
+    writes = Last()
+    results = []
+    for i, req in enumerate(reqs):
+        clock, rows = replies[1 + 2 * i][0], replies[2 + 2 * i]
+        now = int(clock[0])
+        state = _run_state(req, rows[0]) if rows else None
+        other_live = needs_overlap_check(req, state) and bool(clock[1])
+        decision = decide(req, state, now, other_live)
+        writes.extend(_claim_writes(req, decision, now, retention))
+        token = req.token if decision.outcome is ClaimOutcome.WON else None
+        results.append(ClaimResult(decision.outcome, decision.attempt, token,
+                                   decision.lease_until_ms))
+    if writes:
+        yield writes
+    return results
+
+
+def _claim_key(req: ClaimRequest) -> dict[str, Any]:
+    return {"job": req.job, "slot": req.slot, "manual": int(req.manual)}
+
+
+def _claim_writes(req: ClaimRequest, decision: Decision, now: int,
+                  retention: Retention) -> list[Step]:
+    """The statements that apply ``decision`` (none when it writes nothing)."""
+    key = _claim_key(req)
+    writes = []
     if decision.action is Action.START:
         if decision.attempt > 1:
-            yield Step("end_attempt", {**key, "now": now, "attempt": decision.attempt - 1,
-                                       "status": "interrupted", "error": decision.error},
-                       rows=False)
-        yield Step("insert_attempt", {
+            writes.append(Step("end_attempt", {
+                **key, "now": now, "attempt": decision.attempt - 1, "status": "interrupted",
+                "error": decision.error}, rows=False))
+        writes.append(Step("insert_attempt", {
             **key, "now": now, "attempt": decision.attempt, "token": req.token,
             "status": "running", "runner": req.runner,
             "lease_until": decision.lease_until_ms, "finished_at": None, "error": None,
-        }, rows=False)
+        }, rows=False))
         if random.random() < 1 / TRIM_EVERY:
-            yield from trim_steps(req.job, retention, now)
+            writes.append(trim_step(req.job, retention, now))
     elif decision.action is Action.SKIP:
-        yield Step("insert_attempt", {
+        writes.append(Step("insert_attempt", {
             **key, "now": now, "attempt": 1, "token": req.token, "status": "skipped",
             "runner": req.runner, "lease_until": None, "finished_at": now,
             "error": decision.error,
-        }, rows=False)
+        }, rows=False))
     elif decision.action is Action.GIVE_UP:
-        yield Step("end_attempt", {**key, "now": now, "attempt": decision.attempt,
-                                   "status": "interrupted", "error": decision.error},
-                   rows=False)
-    token = req.token if decision.outcome is ClaimOutcome.WON else None
-    return ClaimResult(decision.outcome, decision.attempt, token, decision.lease_until_ms)
+        writes.append(Step("end_attempt", {
+            **key, "now": now, "attempt": decision.attempt, "status": "interrupted",
+            "error": decision.error}, rows=False))
+    return writes
+
+
+@dataclass(frozen=True)
+class Update:
+    """One heartbeat, finish or release of a batch; ``query`` names its statement.
+
+    ``recheck``: an earlier try of this finish may have committed before its answer was
+    lost, so the attempt's stored end is read first; if it is this one, the call succeeded.
+    """
+
+    query: str
+    ref: RunRef
+    params: dict[str, Any]
+    recheck: bool = False
+
+    @property
+    def attempt_key(self) -> tuple[str, int, bool, int]:
+        """The attempt it acts on: a batch holds at most one call per attempt."""
+        return (self.ref.job, self.ref.slot, self.ref.manual, self.ref.attempt)
+
+
+def update_batch_steps(updates: Sequence[Update]) -> Steps[list[bool]]:
+    """Heartbeats, finishes and releases of distinct attempts in one transaction.
+
+    Under the locks of their jobs, as claims; each acts only while its token holds the
+    running attempt (its statement checks it). The statements go with the ``COMMIT``; a
+    finish to recheck needs one list of reads before them.
+    """
+    if len({u.attempt_key for u in updates}) != len(updates):
+        raise ValueError("an update batch holds at most one call per attempt")
+    if not updates:
+        return []
+    head = [_lock_step(sorted({u.ref.job for u in updates}))]
+    done = [False] * len(updates)
+    rechecks = [i for i, u in enumerate(updates) if u.recheck]
+    if rechecks:
+        replies = yield [*head, *(Step("attempt_status", ref_params(updates[i].ref))
+                                  for i in rechecks)]
+        for i, rows in zip(rechecks, replies[1:], strict=True):
+            params = updates[i].params
+            done[i] = bool(rows) and (rows[0][0], rows[0][1]) == (params["status"],
+                                                                  params["error"])
+        head = []
+    todo = [i for i in range(len(updates)) if not done[i]]
+    replies = yield Last([*head, *(Step(updates[i].query, updates[i].params, rows=False)
+                                   for i in todo)])
+    for i, count in zip(todo, replies[len(head):], strict=True):
+        done[i] = count == 1
+    return done
+
+
+def rounds(items: Sequence[Item], key: Callable[[Item], Hashable]) -> list[list[int]]:
+    """Split ``items`` into rounds (lists of indexes, in order), one item per key each.
+
+    The n-th item of a key goes to the n-th round: a key's items keep their order.
+    """
+    seen: dict[Hashable, int] = {}
+    out: list[list[int]] = []
+    for i, item in enumerate(items):
+        n = seen[key(item)] = seen.get(key(item), -1) + 1
+        if n == len(out):
+            out.append([])
+        out[n].append(i)
+    return out
+
+
+async def run_rounds(items: Sequence[Item], key: Callable[[Item], Hashable],
+                     run: Callable[[list[Item]], Awaitable[list[R]]]) -> Answers[R]:
+    """Answer ``items`` with as few transactions as possible: ``run`` makes one of a list.
+
+    Each transaction holds at most one item per ``key`` (:func:`rounds`); the rounds run
+    one after another. A transaction that fails with
+    :class:`~anarchon_core.errors.StoreUnavailable` gives that error to each item not yet
+    answered (each caller retries by its own policy). One that fails with another
+    :class:`~anarchon_core.errors.StoreError` is run again one item at a time, so only the
+    item the store refuses fails.
+    """
+    answers: dict[int, R | BaseException] = {}
+    unavailable: StoreUnavailable | None = None
+    for group in rounds(items, key):
+        try:
+            answers.update(zip(group, await run([items[i] for i in group]), strict=True))
+        except StoreUnavailable as exc:
+            unavailable = exc
+        except StoreError as exc:
+            if len(group) == 1:
+                answers[group[0]] = exc
+                continue
+            for i in group:
+                try:
+                    [answers[i]] = await run([items[i]])
+                except StoreUnavailable as alone:
+                    unavailable = alone
+                    break
+                except StoreError as alone:
+                    answers[i] = alone
+        if unavailable is not None:
+            break
+    return [answers[i] if i in answers else _unanswered(unavailable)
+            for i in range(len(items))]
+
+
+def _unanswered(error: StoreUnavailable | None) -> BaseException:
+    assert error is not None, "every item of a batch is answered unless the store failed"
+    return error
+
+
+class Batched(Generic[Item, R]):
+    """Calls of one kind into ``send_many``: alone when nothing else is going on, else batched.
+
+    A call made while no other call of this kind is queued or in flight goes out at once,
+    as a batch of one; calls made meanwhile go through a
+    :class:`~anarchon_core.batching.CallBatcher` (:attr:`batcher`), which gathers them
+    into batches. The batcher waits a turn of the event loop for a batch to form and sends
+    it from a task of its own, turns a lone call has no use for.
+    """
+
+    def __init__(self, send_many: Callable[[list[Item]], Awaitable[Answers[R]]], *,
+                 max_batch: int, max_in_flight: int) -> None:
+        self._send_many = send_many
+        self.batcher: CallBatcher[Item, R] = CallBatcher(
+            send_many, max_batch=max_batch, max_in_flight=max_in_flight)
+        self._busy = 0
+        #: Calls sent alone, at once (the batcher counts the others), for tests and benchmarks.
+        self.alone = 0
+
+    async def call(self, item: Item) -> R:
+        """``item``'s answer, or the exception of its own call."""
+        alone = self._busy == 0
+        self._busy += 1
+        try:
+            if not alone:
+                return await self.batcher.call(item)
+            self.alone += 1
+            [answer] = await self._send_many([item])
+        finally:
+            self._busy -= 1
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
 
 def _run_state(req: ClaimRequest, row: Any) -> RunState:
@@ -253,20 +498,18 @@ def expired_steps(job: str, limit: int) -> Generator[Step, Any, list[ExpiredRun]
     return out
 
 
-def trim_steps(job: str, retention: Retention, now: int) -> Generator[Step, Any, None]:
+def trim_step(job: str, retention: Retention, now: int) -> Step:
     """Drop finished runs beyond ``history_size`` and ``history_ttl_ms`` (the retention).
 
     Nothing newer than ``keep_ms`` (a late claim could still ask for it) and nothing
     running is ever dropped.
     """
-    keep_after = now - retention.keep_ms
-    rows = yield Step("trim_cutoff", {"job": job, "keep_runs": retention.history_size})
-    cutoffs = [int(rows[0][0])] if rows else []
-    if retention.history_ttl_ms is not None:
-        cutoffs.append(now - retention.history_ttl_ms)
-    if cutoffs:
-        yield Step("trim_before", {"job": job, "cutoff": max(cutoffs),
-                                   "keep_after": keep_after}, rows=False)
+    params = {"job": job, "keep_runs": retention.history_size,
+              "keep_after": now - retention.keep_ms}
+    if retention.history_ttl_ms is None:
+        return Step("trim", params, rows=False)
+    return Step("trim_ttl", {**params, "ttl_cutoff": now - retention.history_ttl_ms},
+                rows=False)
 
 
 def check_format(rows: list[Any]) -> None:

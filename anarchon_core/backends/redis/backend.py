@@ -24,8 +24,9 @@ it) for :meth:`~RedisBackend.job_names` and :meth:`~RedisBackend.runs`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...backend import FORMAT_VERSION, Backend
@@ -258,18 +259,34 @@ class RedisBackend(Backend):
         """The server's clock (``TIME``), the clock leases use."""
         return time_ms(await (await self._connection()).call("TIME"))
 
-    async def _register(self, job: str) -> None:
+    async def _register(self, conn: Commands, job: str) -> None:
         """Add ``job`` to ``<prefix>jobs`` (once per job and backend object)."""
-        if job not in self._registered:
-            await (await self._writes()).call("SADD", redis_key(self.prefix, "jobs"), job)
-            self._registered.add(job)
+        await conn.call("SADD", redis_key(self.prefix, "jobs"), job)
+        self._registered.add(job)
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """Claim with the strategy (the lease decision table, or first claim wins)."""
         refuse_write(self, "claim")
-        await self._register(request.job)
-        return await self.store.claim(await self._writes(), self.prefix, request,
-                                      self.retention)
+        conn = await self._writes()
+        claiming = self.store.claim(conn, self.prefix, request, self.retention)
+        if request.job in self._registered:
+            return await claiming
+        # The first claim of a job here also lists it; both go in one pipeline.
+        _, result = await asyncio.gather(self._register(conn, request.job), claiming)
+        return result
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]
+                         ) -> list[ClaimResult | BaseException]:
+        """Claim each request, all scripts sent at once (a few pipelines)."""
+        refuse_write(self, "claim")
+        conn = await self._writes()
+        new = sorted({r.job for r in requests} - self._registered)
+        if new:
+            listed = await conn.call_many([("SADD", redis_key(self.prefix, "jobs"), job)
+                                           for job in new])
+            self._registered.update(j for j, r in zip(new, listed, strict=True)
+                                    if not isinstance(r, BaseException))
+        return await self.store.claim_many(conn, self.prefix, requests, self.retention)
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""

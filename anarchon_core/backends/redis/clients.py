@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
@@ -30,6 +31,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
+from ...batching import CallBatcher
 from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
 from ...errors import ConfigError, StoreError
 from ...url import check_redis_url, mask_url
@@ -45,6 +47,9 @@ _SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": 
 DEFAULT_LEASE_MS = 30_000
 #: Connections anarchon's own standalone client opens at most; callers beyond wait for one.
 POOL_SIZE = 32
+#: Commands sent in one pipeline at most, and pipelines in flight at once per client.
+PIPELINE_SIZE = 256
+PIPELINES_IN_FLIGHT = 8
 
 
 def own_timeouts(lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
@@ -133,6 +138,64 @@ class Commands:
         self.client: Any = None
         #: The error layer; the backend replaces it with one that names itself.
         self.errors = StoreErrors(lambda: label, classify)
+        #: Pipelines the commands sent at the same moment (see :meth:`pipeline_calls`).
+        self.batcher: CallBatcher[tuple[Arg, ...], Any] | None = None
+        # Without pipelining, at most POOL_SIZE commands in flight per event loop: a burst
+        # waits its turn instead of failing with "Too many connections" (cluster clients).
+        self._limits: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                                asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+    def pipeline_calls(self, client: Any) -> None:
+        """Send commands made at the same moment in one pipeline of ``client``.
+
+        For a standalone redis-py/valkey-py asyncio client: each command keeps its own
+        reply or error (the pipeline is not a transaction), but a thousand claims due at
+        one instant take a few round trips and connections instead of a thousand.
+        """
+        self.client = client
+        self.batcher = CallBatcher(self._pipeline, max_batch=PIPELINE_SIZE,
+                                   max_in_flight=PIPELINES_IN_FLIGHT)
+
+    async def _pipeline(self, batch: Sequence[tuple[Arg, ...]]) -> list[Any]:
+        """Raw replies of ``batch`` sent in one pipeline (an exception object per failure)."""
+        if len(batch) == 1:  # cheaper without a pipeline object
+            return [await self.client.execute_command(*batch[0])]
+        pipe = self.client.pipeline(transaction=False)
+        for args in batch:
+            pipe.execute_command(*args)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def call_many(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
+        """Send ``commands`` at once; each one's reply in order, or its error (not raised).
+
+        A failed command's entry is the :class:`StoreUnavailable`/:class:`StoreError` that
+        :meth:`call` would have raised. A pipelining client sends them in pipelines of
+        :data:`PIPELINE_SIZE`, at most :data:`PIPELINES_IN_FLIGHT` at a time; other
+        clients send them concurrently.
+        """
+        if self.batcher is None:
+            return list(await asyncio.gather(*(self.call(*c) for c in commands),
+                                              return_exceptions=True))
+        chunks = [commands[i:i + PIPELINE_SIZE] for i in range(0, len(commands), PIPELINE_SIZE)]
+        out: list[Any] = []
+        for first in range(0, len(chunks), PIPELINES_IN_FLIGHT):
+            group = chunks[first:first + PIPELINES_IN_FLIGHT]
+            answers = await asyncio.gather(*(self._pipeline(c) for c in group),
+                                           return_exceptions=True)
+            for chunk, answer in zip(group, answers, strict=True):
+                replies = [answer] * len(chunk) if isinstance(answer, BaseException) else answer
+                for args, reply in zip(chunk, replies, strict=True):
+                    out.append(self._failure(reply, str(args[0])) if isinstance(
+                        reply, BaseException) else plain(reply))
+        return out
+
+    def _failure(self, exc: BaseException, what: str) -> BaseException:
+        """``exc`` as the error :meth:`call` would have raised for it."""
+        error = self.errors.translate(exc, what)
+        if error is None:
+            return exc
+        error.__cause__ = exc
+        return error
 
     async def call(self, *args: Arg) -> Any:
         """Send one command and return its reply as plain values.
@@ -141,13 +204,24 @@ class Commands:
         the client's exception as the cause (see :func:`classify`).
         """
         with self.errors.guard(str(args[0]) if args else "call"):
-            if self.blocking:
-                reply = await asyncio.to_thread(self._send, args)
+            if self.batcher is not None:
+                reply = await self.batcher.call(args)
             else:
-                reply = self._send(args)
-            if inspect.isawaitable(reply):
-                reply = await reply
+                async with self._limit():
+                    if self.blocking:
+                        reply = await asyncio.to_thread(self._send, args)
+                    else:
+                        reply = self._send(args)
+                    if inspect.isawaitable(reply):
+                        reply = await reply
         return plain(reply)
+
+    def _limit(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        limit = self._limits.get(loop)
+        if limit is None:
+            limit = self._limits[loop] = asyncio.Semaphore(POOL_SIZE)
+        return limit
 
     async def close(self) -> None:
         """Close the client if anarchon opened it; a user's client is left open."""
@@ -208,6 +282,24 @@ class LuaScript:
             ) from exc.__cause__
 
 
+    async def run_many(self, conn: Commands,
+                       calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
+        """Run the script once per ``(keys, args)``, all sent at once (:meth:`Commands.call_many`).
+
+        In order, each call's reply, or the :class:`StoreError` it failed with (not raised).
+        """
+        replies = await conn.call_many([("EVALSHA", self.sha, len(keys), *keys, *args)
+                                        for keys, args in calls])
+        missing = [i for i, r in enumerate(replies) if isinstance(r, StoreError)
+                   and is_noscript(r)]
+        if missing:  # the server lost its scripts (a restart, SCRIPT FLUSH): load and redo
+            redone = await asyncio.gather(*(self.run(conn, *calls[i]) for i in missing),
+                                          return_exceptions=True)
+            for i, reply in zip(missing, redone, strict=True):
+                replies[i] = reply
+        return replies
+
+
 def _unknown_command(exc: BaseException) -> bool:
     """Whether the server does not know the command (``EVALSHA_RO`` before Redis 7)."""
     return any("unknown command" in str(e).lower() for e in (exc, exc.__cause__) if e)
@@ -246,12 +338,27 @@ def adapt_client(client: object) -> Commands:
     execute = getattr(client, "execute_command", None)
     if callable(execute):
         blocking = not inspect.iscoroutinefunction(execute)
-        return Commands(lambda args: execute(*args), label=label, owned=False,
-                        blocking=blocking)
+        commands = Commands(lambda args: execute(*args), label=label, owned=False,
+                            blocking=blocking)
+        if can_pipeline(client):
+            commands.pipeline_calls(client)
+        return commands
     raise ConfigError(
         f"unsupported Redis client {label}: pass a URL, an options dict, a redis-py or "
         "valkey-py client, a Valkey GLIDE client, or an object with execute_command(*args)"
     )
+
+
+def can_pipeline(client: object) -> bool:
+    """Whether ``client`` is a standalone redis-py/valkey-py asyncio client.
+
+    Those pipeline on one connection; a cluster client (its pipeline splits by node) and
+    other clients send each command on its own.
+    """
+    execute = getattr(client, "execute_command", None)
+    return (callable(getattr(client, "pipeline", None)) and callable(execute)
+            and inspect.iscoroutinefunction(execute)
+            and not hasattr(client, "get_node_from_key"))
 
 
 def check_url(url: str) -> tuple[str, bool]:
@@ -345,6 +452,8 @@ def open_client(target: str | Mapping[str, Any], *, cluster: bool = False,
     commands = Commands(partial(_execute, client), label=f"redis.asyncio.{cls.__name__}",
                         owned=True, blocking=False, closer=client.aclose)
     commands.client = client
+    if not cluster:
+        commands.pipeline_calls(client)
     return commands
 
 

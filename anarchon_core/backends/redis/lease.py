@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -23,8 +24,8 @@ from ..storeerrors import CorruptRecords
 from .clients import Commands, LuaScript
 from .keys import LEASE_PARTS, Part, redis_key
 
-__all__ = ["lease_claim", "lease_expired", "lease_history", "lease_update", "run_id",
-           "run_score"]
+__all__ = ["lease_claim", "lease_claim_many", "lease_expired", "lease_history",
+           "lease_update", "run_id", "run_score"]
 
 log = logging.getLogger("anarchon.redis")
 #: Corrupt states and history entries are reported once each (then skipped quietly).
@@ -43,30 +44,54 @@ def run_score(slot: int, manual: bool) -> int:
     return slot * 2 + int(manual)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 16)
 def _keys(prefix: str, job: str, *parts: Part) -> tuple[str, ...]:
     return tuple(redis_key(prefix, p, job, tagged=True) for p in parts)
 
 
-async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest,
-                      retention: Retention) -> ClaimResult:
-    """Run the claim script for ``req``; trimming keeps the namespace's ``retention``."""
+def _claim_call(prefix: str, req: ClaimRequest,
+                retention: Retention) -> tuple[tuple[str, ...], list[str]]:
     ttl = retention.history_ttl_ms
     numbers = (req.slot, int(req.manual), req.lease_ms, int(req.overlap), req.max_attempts,
                -1 if req.max_late_ms is None else req.max_late_ms, retention.keep_ms,
                retention.history_size, -1 if ttl is None else ttl)
-    reply = await LuaScript.load("lease_claim").run(
-        conn, _keys(prefix, req.job, *LEASE_PARTS),
-        [req.token, req.runner, " ".join(map(str, numbers))],
-    )
+    return (_keys(prefix, req.job, *LEASE_PARTS),
+            [req.token, req.runner, " ".join(map(str, numbers))])
+
+
+def _claim_result(conn: Commands, prefix: str, req: ClaimRequest, reply: Any) -> ClaimResult:
     try:
         outcome, attempt, lease = ClaimOutcome(reply[0]), int(reply[1]), reply[2]
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, KeyError):
         raise StoreError(f"unexpected answer to the lease claim: {reply!r}") from None
     if len(reply) > 3 and reply[3]:
         _report_states(conn, prefix, req.job, reply[3])
     return ClaimResult(outcome, attempt, req.token if outcome is ClaimOutcome.WON else None,
                        int(lease) if lease not in ("", None) else None)
+
+
+async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest,
+                      retention: Retention) -> ClaimResult:
+    """Run the claim script for ``req``; trimming keeps the namespace's ``retention``."""
+    reply = await LuaScript.load("lease_claim").run(conn, *_claim_call(prefix, req, retention))
+    return _claim_result(conn, prefix, req, reply)
+
+
+async def lease_claim_many(conn: Commands, prefix: str, requests: Sequence[ClaimRequest],
+                           retention: Retention) -> list[ClaimResult | BaseException]:
+    """:func:`lease_claim` for each request, all sent at once; an error in place of a result."""
+    replies = await LuaScript.load("lease_claim").run_many(
+        conn, [_claim_call(prefix, req, retention) for req in requests])
+    out: list[ClaimResult | BaseException] = []
+    for req, reply in zip(requests, replies, strict=True):
+        if isinstance(reply, BaseException):
+            out.append(reply)
+            continue
+        try:
+            out.append(_claim_result(conn, prefix, req, reply))
+        except StoreError as exc:
+            out.append(exc)
+    return out
 
 
 async def lease_update(conn: Commands, prefix: str, op: str, ref: RunRef,

@@ -9,12 +9,22 @@ mode, the jobs registry); a store only knows its keys and scripts.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 from ...backend import Retention
 from ...decision import HANDED_OVER
 from ...models import ClaimRequest, ClaimResult, ExpiredRun, Run, RunRef
 from .claims import IdmpState, claim_only, claim_only_finish, claim_only_history
 from .clients import Commands
-from .lease import lease_claim, lease_expired, lease_history, lease_update, run_score
+from .lease import (
+    lease_claim,
+    lease_claim_many,
+    lease_expired,
+    lease_history,
+    lease_update,
+    run_score,
+)
 from .strategies import Strategy
 
 __all__ = ["ClaimOnlyStore", "LeaseStore", "RedisStore", "store_for"]
@@ -33,6 +43,12 @@ class RedisStore:
                     retention: Retention) -> ClaimResult:
         """Claim ``request``; trimming keeps ``retention``."""
         raise NotImplementedError
+
+    async def claim_many(self, conn: Commands, prefix: str, requests: Sequence[ClaimRequest],
+                         retention: Retention) -> list[ClaimResult | BaseException]:
+        """Claim each request (sent concurrently); an error in place of a failed one's result."""
+        return list(await asyncio.gather(*(self.claim(conn, prefix, r, retention)
+                                           for r in requests), return_exceptions=True))
 
     async def heartbeat(self, conn: Commands, prefix: str, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease of ``ref`` (claim-only: nothing to extend)."""
@@ -67,6 +83,11 @@ class LeaseStore(RedisStore):
                     retention: Retention) -> ClaimResult:
         """Apply the lease decision table in one script (``lua/lease_claim.lua``)."""
         return await lease_claim(conn, prefix, request, retention)
+
+    async def claim_many(self, conn: Commands, prefix: str, requests: Sequence[ClaimRequest],
+                         retention: Retention) -> list[ClaimResult | BaseException]:
+        """Every claim script sent at once (pipelined on a client that can)."""
+        return await lease_claim_many(conn, prefix, requests, retention)
 
     async def heartbeat(self, conn: Commands, prefix: str, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""

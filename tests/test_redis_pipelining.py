@@ -1,0 +1,157 @@
+"""Redis: calls due together go out in pipelines, and each keeps its own answer or error."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from anarchon_core.backend import new_token
+from anarchon_core.backends.redis import RedisBackend
+from anarchon_core.backends.redis.clients import PIPELINE_SIZE, Commands
+from anarchon_core.backends.redis.keys import redis_key
+from anarchon_core.errors import StoreError, StoreUnavailable
+from anarchon_core.models import ClaimOutcome, ClaimRequest, ClaimResult
+
+from .stores.redis import SHARED_URL, start_server
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.service("redis")]
+
+BURST = 600
+
+
+def req(slot: int, job: str, runner: str = "a") -> ClaimRequest:
+    return ClaimRequest(job=job, slot=slot, token=new_token(), runner=runner,
+                        max_late_ms=60_000)
+
+
+def count_pipelines(conn: Commands, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the size of every round trip the connection makes from now on."""
+    sizes: list[int] = []
+    send = conn._pipeline
+
+    async def counted(batch: Any) -> list[Any]:
+        sizes.append(len(batch))
+        return await send(batch)
+
+    monkeypatch.setattr(conn, "_pipeline", counted)
+    return sizes
+
+
+async def test_a_burst_of_claims_takes_a_few_pipelines_not_one_call_each(
+        namespace: str) -> None:
+    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
+    await backend.start()
+    try:
+        conn = backend._conn
+        batcher = conn.batcher if conn is not None else None
+        assert batcher is not None
+        slot = await backend.clock_ms()
+        batches, calls = batcher.batches, batcher.calls
+        results = await asyncio.gather(*(backend.claim(req(slot, f"j{i}"))
+                                         for i in range(BURST)))
+        assert all(r.outcome is ClaimOutcome.WON for r in results)
+        # Each job's first claim also lists the job: 2 commands per claim.
+        assert batcher.calls - calls == 2 * BURST
+        assert batcher.batches - batches <= 2 * BURST // PIPELINE_SIZE + 4
+        again = await asyncio.gather(*(backend.claim(req(slot, f"j{i}", "b"))
+                                       for i in range(BURST)))
+        assert all(r.outcome is ClaimOutcome.RUNNING for r in again)
+    finally:
+        await backend.stop()
+
+
+async def test_claim_many_sends_its_claims_in_pipelines_of_a_bounded_size(
+        namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
+    await backend.start()
+    try:
+        conn = backend._conn
+        assert conn is not None
+        sizes = count_pipelines(conn, monkeypatch)
+        slot = await backend.clock_ms()
+        results = await backend.claim_many([req(slot, f"j{i}") for i in range(BURST)])
+        assert all(isinstance(r, ClaimResult) and r.won for r in results)
+        assert max(sizes) <= PIPELINE_SIZE
+        assert len(sizes) == 2 * -(-BURST // PIPELINE_SIZE)  # the job list, then the claims
+        sizes.clear()
+        results = await backend.claim_many([req(slot, f"j{i}", "b") for i in range(BURST)])
+        assert all(isinstance(r, ClaimResult) and r.outcome is ClaimOutcome.RUNNING
+                   for r in results)
+        assert len(sizes) == -(-BURST // PIPELINE_SIZE)  # jobs listed already
+    finally:
+        await backend.stop()
+
+
+async def test_a_bad_key_fails_only_its_own_claim_in_a_pipeline(namespace: str) -> None:
+    prefix = f"{namespace}:"
+    backend = RedisBackend(SHARED_URL, prefix=prefix)
+    await backend.start()
+    try:
+        with redis.Redis.from_url(SHARED_URL) as client:
+            client.set(redis_key(prefix, "state", "broken", tagged=True), "not a hash")
+        slot = await backend.clock_ms()
+        batch = [req(slot, "ok1"), req(slot, "broken"), req(slot, "ok2")]
+        results = await backend.claim_many(batch)
+        assert isinstance(results[0], ClaimResult)
+        assert results[0].won
+        assert isinstance(results[2], ClaimResult)
+        assert results[2].won
+        assert isinstance(results[1], StoreError)
+        assert not isinstance(results[1], StoreUnavailable)
+        assert "WRONGTYPE" in str(results[1])
+        # The same through concurrent single claims (the pipelining batcher).
+        singles = await asyncio.gather(*(backend.claim(req(slot + 1, j)) for j in
+                                         ("ok3", "broken", "ok4")), return_exceptions=True)
+        assert isinstance(singles[1], StoreError)
+        assert "WRONGTYPE" in str(singles[1])
+        assert [type(r) for r in (singles[0], singles[2])] == [ClaimResult, ClaimResult]
+    finally:
+        await backend.stop()
+        with redis.Redis.from_url(SHARED_URL) as client:
+            client.delete(redis_key(prefix, "state", "broken", tagged=True))
+
+
+async def test_scripts_flushed_from_the_server_are_loaded_again(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    backend = RedisBackend(server.url, prefix="flush:")
+    try:
+        await backend.start()
+        slot = await backend.clock_ms()
+        assert all(isinstance(r, ClaimResult) and r.won
+                   for r in await backend.claim_many([req(slot, "a"), req(slot, "b")]))
+        with redis.Redis(port=server.port) as admin:
+            admin.script_flush()
+        results = await backend.claim_many([req(slot, "a", "x"), req(slot, "c")])
+        assert [r.outcome for r in results if isinstance(r, ClaimResult)] == [
+            ClaimOutcome.RUNNING, ClaimOutcome.WON]
+        with redis.Redis(port=server.port) as admin:
+            admin.script_flush()
+        many = await asyncio.gather(*(backend.claim(req(slot, f"d{i}")) for i in range(20)))
+        assert all(r.won for r in many)
+    finally:
+        await backend.stop()
+        server.stop()
+
+
+async def test_a_server_gone_mid_burst_fails_every_claim_as_unavailable(
+        tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    backend = RedisBackend(server.url, prefix="gone:")
+    try:
+        await backend.start()
+        slot = await backend.clock_ms()
+        server.stop(signal.SIGKILL)
+        results = await backend.claim_many([req(slot, f"j{i}") for i in range(300)])
+        assert len(results) == 300
+        assert all(isinstance(r, StoreUnavailable) for r in results), results[:2]
+        singles = await asyncio.gather(*(backend.claim(req(slot, f"k{i}")) for i in range(50)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, StoreUnavailable) for r in singles), singles[:2]
+    finally:
+        await backend.stop()
+        server.stop()
