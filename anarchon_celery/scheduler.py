@@ -294,6 +294,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         super().setup_schedule()
         core = self.settings.make_scheduler("beat")
         self.core = core
+        if self.settings.metrics_port is not None:
+            from anarchon_core.metrics.prometheus import serve_metrics  # noqa: PLC0415
+
+            serve_metrics(core, self.settings.metrics_port, self.settings.metrics_addr)
         self._sync_jobs()
         self._publisher = _Publisher(self.app, self._publish, self.settings.publish_threads)
         for name in ("anarchon.scheduler", "anarchon.lease"):

@@ -21,6 +21,8 @@ setting                      meaning (default)
 ``anarchon_track_tasks``     keep the slot's lease until its task finished on a worker (False)
 ``anarchon_track_timeout_ms`` longest a tracked task holds its slot (3 600 000)
 ``anarchon_publish_threads`` threads publishing tasks (1)
+``anarchon_metrics_port``    serve the beat's Prometheus metrics on this port (None: off)
+``anarchon_metrics_addr``    address for the metrics port (``0.0.0.0``)
 ===========================  ====================================================================
 """
 
@@ -54,6 +56,21 @@ def _int(name: str, value: Any, *, minimum: int = 0) -> int:
     return value
 
 
+def _metrics_port(value: Any) -> int | None:
+    if value is None:
+        return None
+    port = _int("anarchon_metrics_port", value, minimum=1)
+    if port > 65_535:
+        raise ConfigError(f"invalid anarchon_metrics_port {value!r}: expected 1 to 65535")
+    return port
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"invalid {name} {value!r}: expected a non-empty string")
+    return value
+
+
 def _scheme(url: str) -> str:
     return urlsplit(url).scheme.lower()
 
@@ -78,6 +95,8 @@ class Settings:
     track_tasks: bool = False
     track_timeout_ms: int = DEFAULT_TRACK_TIMEOUT_MS
     publish_threads: int = 1
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -133,6 +152,9 @@ class Settings:
                                         DEFAULT_TRACK_TIMEOUT_MS), minimum=1),
             publish_threads=_int("anarchon_publish_threads",
                                  _conf(app, "anarchon_publish_threads", 1), minimum=1),
+            metrics_port=_metrics_port(app.conf.get("anarchon_metrics_port")),
+            metrics_addr=_text("anarchon_metrics_addr",
+                               _conf(app, "anarchon_metrics_addr", "0.0.0.0")),
         )
 
     def make_backend(self) -> Backend:

@@ -24,6 +24,8 @@ from .errors import (
     StoreUnavailable,
     UnsupportedStrategyError,
 )
+from .events import Event, EventKind, Listener
+from .fleet import FleetStatus, InstanceInfo, JobStatus, PauseInfo
 from .models import (
     ClaimOutcome,
     ClaimRequest,
@@ -77,17 +79,24 @@ __all__ = [
     "ClaimResult",
     "ConfigError",
     "CronSchedule",
+    "Event",
+    "EventKind",
     "EverySchedule",
     "ExpiredRun",
+    "FleetStatus",
     "HistoryQuery",
     "Idmp",
+    "InstanceInfo",
     "JobContext",
     "JobInfo",
     "JobOptions",
+    "JobStatus",
     "Lease",
     "LeaseLost",
+    "Listener",
     "NatsBackend",
     "NotClaimed",
+    "PauseInfo",
     "PostgresBackend",
     "RabbitMQBackend",
     "ReadOnlyError",

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .backends.common import refuse_write
+from .errors import UnsupportedStrategyError
 from .models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 
 if TYPE_CHECKING:
@@ -176,6 +177,24 @@ class Backend(abc.ABC):
         so a run whose watchers are all gone is recovered. Claim-only stores have none.
         """
         return []
+
+    async def write_control(self, name: str, value: str | None) -> None:
+        """Set the namespace's control record ``name`` to ``value`` (``None`` deletes it).
+
+        Control records are small texts every instance of the namespace shares: paused
+        jobs (``paused:<job>``) and the fleet registry (``instance:<id>``, ``jobs:<id>``).
+        The last write wins; expiry is the reader's business (records carry their own).
+        A store that cannot keep them raises :class:`UnsupportedStrategyError`.
+        """
+        raise UnsupportedStrategyError(self._no_controls())
+
+    async def read_controls(self, prefix: str) -> dict[str, str]:
+        """Every control record whose name starts with ``prefix``, by name."""
+        raise UnsupportedStrategyError(self._no_controls())
+
+    def _no_controls(self) -> str:
+        return (f"{self.describe()} keeps no shared control records: pausing jobs and the "
+                "fleet view need Redis/Valkey, PostgreSQL, SQLite or NATS")
 
     def describe(self) -> str:
         """A one-line description safe to log (no secrets)."""

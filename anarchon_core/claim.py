@@ -32,6 +32,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import Cancelled, LeaseLost, StoreUnavailable
+from .events import EventBus, EventKind
+from .health import StoreHealth
 from .models import RunRef, validate_meta
 from .schedules import ms_to_datetime
 
@@ -94,8 +96,12 @@ class ClaimHandle:
     """
 
     def __init__(self, *, backend: Backend, ref: RunRef, runner: str,
-                 timings: LeaseTimings | None, sent_at: float) -> None:
+                 timings: LeaseTimings | None, sent_at: float,
+                 events: EventBus | None = None, health: StoreHealth | None = None) -> None:
         self.backend = backend
+        self._events = events if events is not None else EventBus(runner)
+        self._health = health if health is not None else StoreHealth(self._events,
+                                                                     backend.describe())
         self.ref = ref
         self.runner = runner
         self.timings = timings if backend.supports_leases else None
@@ -221,8 +227,9 @@ class ClaimHandle:
             return
         self.fenced = True
         self._closing = True
-        log.warning("%s: fenced (%s); cancelling", self._label(), why)
+        log.warning("%s: fenced (%s); cancelling", self._label(), why, extra=self._fields())
         self.cancel(LEASE_LOST)
+        self._emit(EventKind.FENCED, reason=why)
         self._changed.set()
         if self._beat is not None:
             self._beat.cancel()
@@ -265,16 +272,19 @@ class ClaimHandle:
             accepted = await self.backend.heartbeat(self.ref, self.timings.lease_ms)
         except StoreUnavailable as exc:
             self._beat_failures += 1
-            log.warning("%s: heartbeat failed (%s); lease confirmed for %.1fs more",
-                        self._label(), exc, self._confirmed_until - self._margin_s - sent)
+            self._health.failed("heartbeat", exc, sent)
+            log.debug("%s: heartbeat failed (%s); lease confirmed for %.1fs more",
+                      self._label(), exc, self._confirmed_until - self._margin_s - sent)
         except Exception:
             self._beat_failures += 1
             log.exception("%s: heartbeat raised an unexpected error", self._label())
+        else:
+            self._health.succeeded("heartbeat", sent)
         finally:
             self._beat = None
         if accepted:
             if self._beat_failures:
-                log.info("%s: heartbeat confirmed again", self._label())
+                log.debug("%s: heartbeat confirmed again", self._label())
             self._beat_failures = 0
             self._confirmed_until = max(self._confirmed_until, sent + self.timings.lease_ms / 1000)
             self._next_beat = sent + period
@@ -302,8 +312,13 @@ class ClaimHandle:
         if deadline is not None and sent >= deadline and not self.ended:
             self._fence("lease not confirmed in time")
             self.raise_if_cancelled()
-        accepted = await self._bounded(self.backend.heartbeat(self.ref, self.timings.lease_ms),
-                                       "check_lease")
+        try:
+            accepted = await self._bounded(
+                self.backend.heartbeat(self.ref, self.timings.lease_ms), "check_lease")
+        except StoreUnavailable as exc:
+            self._health.failed("heartbeat", exc, sent)
+            raise
+        self._health.succeeded("heartbeat", sent)
         if not accepted:
             if not self.ended:
                 self._fence("heartbeat rejected: another attempt took over")
@@ -337,13 +352,14 @@ class ClaimHandle:
                      meta: Mapping[str, str] | None = None) -> bool:
         """Record the attempt's end; ``False`` if this handle was fenced (nothing recorded).
 
-        ``status`` is ``success``, ``failed`` or ``interrupted``. Heartbeats go on until
+        ``status`` is ``success``, ``failed``, ``interrupted`` or ``skipped`` (the slot was
+        won but deliberately not run, e.g. its job is paused). Heartbeats go on until
         the store acknowledges the end; a transient store failure is retried while the
         lease is still ours. ``meta`` is merged into :attr:`meta` and stored with the run.
         """
-        if status not in ("success", "failed", "interrupted"):
-            raise ValueError(f"invalid status {status!r}: expected 'success', 'failed' or "
-                             "'interrupted'")
+        if status not in ("success", "failed", "interrupted", "skipped"):
+            raise ValueError(f"invalid status {status!r}: expected 'success', 'failed', "
+                             "'interrupted' or 'skipped'")
         if meta:
             self.meta.update(meta)
         record = validate_meta(self.meta)
@@ -366,9 +382,11 @@ class ClaimHandle:
         if self.timings is None:
             self.ended = True
             return False
-        return await self._end(lambda: self.backend.release(self.ref), "handed over")
+        return await self._end(lambda: self.backend.release(self.ref), "handed over",
+                               "release")
 
-    async def _end(self, call: Callable[[], Awaitable[bool]], what: str) -> bool:
+    async def _end(self, call: Callable[[], Awaitable[bool]], what: str,
+                   name: str = "finish") -> bool:
         # The code has returned, so a late end record is safe (the store refuses it once
         # another attempt took over) and worth it: while the store is unreachable nobody can
         # take over either, and the first record after it is back keeps the run from being
@@ -378,20 +396,24 @@ class ClaimHandle:
         tries = 0
         self._ending = True
         while True:
+            sent = time.monotonic()
             try:
                 accepted = await self._bounded(call(), "recording the end")
+                self._health.succeeded(name, sent)
                 break
             except StoreUnavailable as exc:
+                self._health.failed(name, exc, sent)
                 tries += 1
                 delay = min(retry_delay(tries), _END_RETRY_MAX_S) if self.timings \
                     else retry_delay(tries)
                 if self.fenced or time.monotonic() + delay > give_up:
-                    log.error("%s: could not record its end (%s): %s", self._label(), what, exc)
+                    log.error("%s: could not record its end (%s): %s", self._label(), what, exc,
+                              extra=self._fields())
                     self._stop_keeping()
                     return False
                 if tries == 1:
-                    log.warning("%s: recording its end failed (%s); retrying", self._label(),
-                                exc)
+                    log.debug("%s: recording its end failed (%s); retrying", self._label(),
+                              exc)
                 await asyncio.sleep(delay)
             except BaseException:
                 self._stop_keeping()
@@ -399,12 +421,17 @@ class ClaimHandle:
         if not accepted:
             if not self.fenced:
                 self.fenced = True
-                log.warning("%s: end rejected, another attempt took over", self._label())
+                log.warning("%s: end rejected, another attempt took over", self._label(),
+                            extra=self._fields())
+                self._emit(EventKind.FENCED, reason="end rejected: another attempt took over")
             self._stop_keeping()
             return False
         self.ended = True
         self._stop_keeping()
-        log.info("%s: %s", self._label(), what)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s: %s", self._label(), what, extra=self._fields())
+        if name == "release":
+            self._emit(EventKind.HANDED_OVER)
         return True
 
     def _start_keeper(self) -> None:
@@ -448,6 +475,17 @@ class ClaimHandle:
 
     def _label(self) -> str:
         return f"{self.ref.job} slot {self.ref.slot} attempt {self.ref.attempt}"
+
+    def _fields(self) -> dict[str, Any]:
+        ref = self.ref
+        return {"job": ref.job, "slot": ref.slot, "attempt": ref.attempt,
+                "instance": self.runner}
+
+    def _emit(self, kind: EventKind, **fields: Any) -> None:
+        if self._events:
+            ref = self.ref
+            self._events.emit(kind, job=ref.job, slot=ref.slot, attempt=ref.attempt,
+                              manual=ref.manual, **fields)
 
     def __repr__(self) -> str:
         state = "fenced" if self.fenced else "ended" if self.ended else "held"

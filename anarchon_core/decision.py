@@ -9,6 +9,8 @@ backend to it.
 =====================  ========================================  =====================
 state of (job, slot)   condition                                 write → outcome
 =====================  ========================================  =====================
+none                   a ``missed`` request (accounting for a    record ``missed``
+                       slot nobody claimed in time)              (its reason) → ``late``
 none                   the slot is more than                     none → ``early``
                        ``EARLY_TOLERANCE_MS`` in the future
 none                   first attempt claimed later than          record ``skipped``
@@ -17,6 +19,7 @@ none                   another run of the job holds a live       record ``skippe
                        lease and ``overlap`` is off              (overlap) → ``overlap``
 none                   otherwise                                 attempt 1 → ``won``
 finished (any status)                                            none → ``done``
+running                a ``missed`` request                      none → ``running``
 running                the caller's own token (a claim retried   none → ``won``
                        after its answer was lost)                (same attempt)
 running                lease in the future                       none → ``running``
@@ -78,6 +81,8 @@ class Decision:
     attempt: int = 0
     error: str | None = None
     lease_until_ms: int | None = None
+    #: The status a ``SKIP`` records: ``skipped``, or ``missed`` for a missed request.
+    status: str = "skipped"
 
 
 def needs_overlap_check(request: ClaimRequest, state: RunState | None) -> bool:
@@ -93,6 +98,19 @@ def late_error(request: ClaimRequest, now_ms: int) -> str:
     )
 
 
+def not_run(request: ClaimRequest, now_ms: int) -> tuple[str, str] | None:
+    """What a claim-only store records for a won claim instead of running it, if anything.
+
+    ``(status, error)`` for a ``missed`` request, or for a first claim later than
+    ``max_late_ms``; None when the winner runs it.
+    """
+    if request.missed is not None:
+        return "missed", request.missed
+    if request.max_late_ms is not None and now_ms > request.slot + request.max_late_ms:
+        return "skipped", late_error(request, now_ms)
+    return None
+
+
 def decide(
     request: ClaimRequest, state: RunState | None, now_ms: int, other_live: bool = False
 ) -> Decision:
@@ -105,6 +123,9 @@ def decide(
     if state is None:
         if request.slot > now_ms + EARLY_TOLERANCE_MS and not request.manual:
             return Decision(ClaimOutcome.EARLY)
+        if request.missed is not None:
+            return Decision(ClaimOutcome.LATE, Action.SKIP, 1, request.missed,
+                            status="missed")
         if request.max_late_ms is not None and now_ms > request.slot + request.max_late_ms:
             return Decision(ClaimOutcome.LATE, Action.SKIP, 1, late_error(request, now_ms))
         if not request.overlap and other_live:
@@ -114,6 +135,9 @@ def decide(
         # An unknown status (a corrupt or foreign record) is never taken over: the run
         # may be executing; the backend reports the record and the job's other runs go on.
         return Decision(ClaimOutcome.DONE, attempt=state.attempt)
+    if request.missed is not None:
+        return Decision(ClaimOutcome.RUNNING, attempt=state.attempt,
+                        lease_until_ms=state.lease_until_ms)
     if state.token == request.token:
         return Decision(ClaimOutcome.WON, Action.NONE, state.attempt, None, state.lease_until_ms)
     if state.lease_until_ms is not None and state.lease_until_ms > now_ms:

@@ -102,8 +102,11 @@ class Attempt:
     async def run(self) -> Run:
         """Run the handler to its end, then record the outcome (unless fenced)."""
         ref = self.handle.ref
-        log.info("%s slot %s attempt %s: started on %s", ref.job, ref.slot, ref.attempt,
-                 self.instance_id)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s slot %s attempt %s: started on %s", ref.job, ref.slot, ref.attempt,
+                     self.instance_id, extra={"job": ref.job, "slot": ref.slot,
+                                              "attempt": ref.attempt,
+                                              "instance": self.instance_id})
         self._code = code = self._start()
         self.handle.add_cancel_callback(self._on_cancel)
         timeout = self.timeout_ms / 1000 if self.timeout_ms is not None else None

@@ -11,8 +11,11 @@ from typing import Any, Literal
 from .errors import ConfigError
 from .schedules import ms_to_datetime
 
-RunStatus = Literal["running", "success", "failed", "interrupted", "skipped"]
-FINISHED_STATUSES: frozenset[str] = frozenset({"success", "failed", "interrupted", "skipped"})
+RunStatus = Literal["running", "success", "failed", "interrupted", "skipped", "missed"]
+#: Every status a run can have, in the order history filters list them.
+RUN_STATUSES: tuple[str, ...] = ("running", "success", "failed", "interrupted", "skipped",
+                                 "missed")
+FINISHED_STATUSES: frozenset[str] = frozenset(RUN_STATUSES[1:])
 
 
 #: Limits of :attr:`Run.meta`: it is stored with every attempt, so it stays small.
@@ -66,6 +69,9 @@ class ClaimOutcome(str, enum.Enum):
     * ``DONE``: the run has finished (any status) or was given up; nothing to do.
     * ``LATE``: nobody claimed the slot within ``max_late_ms`` of its time by the store's
       clock; it is recorded ``skipped`` and never run.
+    * ``PAUSED``: the job is paused fleet-wide (:meth:`Scheduler.pause`); the scheduler
+      won the claim and recorded the slot ``skipped`` (error ``paused``). Stores never
+      answer it themselves.
     * ``EARLY``: the slot is still more than ``EARLY_TOLERANCE_MS`` in the future by the
       store's clock (the caller's clock is ahead or was stepped); nothing is recorded and
       the caller should claim again at the slot's time.
@@ -78,6 +84,7 @@ class ClaimOutcome(str, enum.Enum):
     DONE = "done"
     LATE = "late"
     EARLY = "early"
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,11 @@ class ClaimRequest:
     first attempt may still start; ``None`` means no bound (manual runs). How much history
     the store keeps is the namespace's configuration (``Backend.retention``), not the
     claim's.
+
+    ``missed`` (a reason) makes it a request to *account for* a slot nobody claimed in
+    time, never to run it: if the run has no record, the store records it ``missed`` with
+    that reason and answers ``late``; otherwise it answers ``done`` (or ``running``) and
+    writes nothing. It never starts or takes over an attempt.
     """
 
     job: str
@@ -100,6 +112,7 @@ class ClaimRequest:
     overlap: bool = False
     max_attempts: int = 3
     max_late_ms: int | None = None
+    missed: str | None = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from .errors import ConfigError
-from .models import HistoryQuery, Run, RunPage, validate_meta
+from .models import RUN_STATUSES, HistoryQuery, Run, RunPage, validate_meta
 
 __all__ = [
     "EXPIRED_READ", "MAX_PAGE", "STATUS_SQL", "JobReader", "RunKey", "decode_cursor",
@@ -40,7 +40,7 @@ STATUS_SQL = ("(CASE WHEN status = 'running' AND lease_until IS NOT NULL "
               "AND lease_until <= {now} THEN 'interrupted' ELSE status END)")
 #: The largest page :meth:`Backend.runs` returns.
 MAX_PAGE = 1_000
-_STATUSES = frozenset({"running", "success", "failed", "interrupted", "skipped"})
+_STATUSES = frozenset(RUN_STATUSES)
 _CURSOR_PREFIX = "r1."
 
 #: ``(slot, job, manual, attempt)``: the order of history, newest first when descending.

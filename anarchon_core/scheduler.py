@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import inspect
 import itertools
@@ -14,8 +15,9 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
@@ -25,7 +27,11 @@ from .claim import ClaimHandle, LeaseTimings, retry_delay
 from .decision import EARLY_TOLERANCE_MS, OVERLAP_SKIP, late_error
 from .durations import Duration
 from .errors import ConfigError, StoreUnavailable
+from .events import EventBus, EventKind, Listener
 from .execution import Attempt, Handler
+from .fleet import PAUSED, FleetStatus, JobDefinition, PauseInfo, check_job_name, validate_reason
+from .health import StoreHealth
+from .membership import FleetMember
 from .models import (
     ClaimOutcome,
     ClaimRequest,
@@ -39,7 +45,8 @@ from .models import (
 )
 from .naming import validate_instance_id, validate_job_name
 from .options import JobOptions, validate_history, validate_lease_timings
-from .schedules import CronSchedule, EverySchedule, Schedule
+from .schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
+from .slots import slot_from_datetime
 from .sync import SyncScheduler
 from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
 from .url import backend_from_url
@@ -66,6 +73,14 @@ _ORPHAN_RUNS_PER_JOB = 10
 _STORE_PAGE = 1_000
 #: Timers due this soon (ms) fire with the current ones once their slot has come.
 _TIMER_COALESCE_MS = 20
+#: Downtime accounting: most slots recorded ``missed`` per job at start, the margin past a
+#: slot's claim window before it is, and the reasons recorded.
+_MISSED_PER_JOB = 100
+_MISSED_SCAN_CHUNK = 200
+_MISSED_MARGIN_MS = 1_000
+MISSED_DOWN = ("missed: no instance claimed it in time (every instance was down or could "
+               "not reach the store)")
+MISSED_STORE = "missed: the store was unreachable until it was too late"
 #: How long stop() waits for runs whose handler returned to record their end.
 _RECORD_WAIT_S = 10.0
 
@@ -180,6 +195,7 @@ class Scheduler:
         self._running = False
         self._stopping = False
         self._clock_offset_ms = 0.0
+        self._clock_measured = False
         #: One timer for every job: (fire at, store-clock ms; sequence; generation; slot; job).
         self._timers: list[tuple[float, int, int, int, _Job]] = []
         self._timer_seq = itertools.count()
@@ -190,6 +206,12 @@ class Scheduler:
         #: The longest a late claim or a catch-up of any job here may ask back (ms).
         self._keep_ms = 0
         self._closer: asyncio.Future[None] | None = None
+        self._events = EventBus(self.instance_id)
+        self._health = StoreHealth(self._events, self.backend.describe(),
+                                   on_recovered=self._on_store_recovered)
+        self._fleet = FleetMember(self)
+        #: Bumped when a job is added or removed (the fleet registry rewrites its list).
+        self._jobs_version = 0
         #: Synchronous twins of the coroutine methods, for sync code (see :class:`SyncScheduler`).
         self.sync = SyncScheduler(self)
 
@@ -197,6 +219,51 @@ class Scheduler:
         state = "running" if self._running else "stopped"
         return (f"<Scheduler {self.instance_id} {state} jobs={len(self._jobs)} "
                 f"backend={self.backend.describe()}>")
+
+    # ---------------------------------------------------------------- events
+
+    def add_listener(self, listener: Listener,
+                     kinds: Iterable[EventKind | str] | None = None) -> Listener:
+        """Call ``listener(event)`` for each :class:`~anarchon_core.Event` (see docs/operations.md).
+
+        ``kinds`` limits it to some :class:`~anarchon_core.EventKind` values. A plain
+        function runs inline on the scheduler's loop and must return quickly; a coroutine
+        function gets a task per event. A listener's exception is logged, never raised.
+        Returns ``listener``, so it also works as a decorator. Thread-safe.
+        """
+        self._events.add(listener, kinds)
+        return listener
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop calling ``listener``; False if it was not added."""
+        return self._events.remove(listener)
+
+    @property
+    def store_down(self) -> bool:
+        """True from a failed store call until the next one that succeeds."""
+        return self._health.down
+
+    def _report_claim(self, request: ClaimRequest, result: ClaimResult) -> None:
+        """The claim's answer as an event (cheap when nobody listens)."""
+        events = self._events
+        if not events:
+            return
+        outcome = result.outcome
+        fields: dict[str, Any] = {"job": request.job, "slot": request.slot,
+                                  "attempt": result.attempt, "manual": request.manual,
+                                  "outcome": outcome.value}
+        if outcome is ClaimOutcome.WON:
+            kind = EventKind.TAKEOVER if result.attempt > 1 else EventKind.CLAIM_WON
+            fields["lateness_ms"] = self._now_ms() - request.slot
+        elif outcome is ClaimOutcome.OVERLAP:
+            kind, fields["reason"] = EventKind.CLAIM_SKIPPED, OVERLAP_SKIP
+        elif outcome is ClaimOutcome.LATE:
+            kind, fields["reason"] = EventKind.LATE, late_error(request, round(self._now_ms()))
+        elif outcome is ClaimOutcome.EARLY:
+            kind = EventKind.EARLY
+        else:
+            kind = EventKind.CLAIM_TAKEN
+        events.emit(kind, **fields)
 
     # ---------------------------------------------------------------- registration
 
@@ -288,6 +355,7 @@ class Scheduler:
                 raise ConfigError(
                     f"job {job.name!r} is already registered; remove({job.name!r}) first")
             self._jobs[job.name] = job
+            self._jobs_version += 1
             self._configure_retention(job)
             if self._running and not self._stopping:
                 self._on_loop(self._start_job, job)
@@ -296,6 +364,7 @@ class Scheduler:
         """Unregister a job; a run already going finishes. False if there was none."""
         with self._jobs_lock:
             job = self._jobs.pop(name, None)
+            self._jobs_version += 1
         if job is None:
             return False
         job.generation += 1  # its timer entry is dropped when it comes up
@@ -370,10 +439,12 @@ class Scheduler:
         self._spawn(self._timer_loop())
         if self.backend.supports_leases:
             self._spawn(self._orphan_loop())
+        self._spawn(self._fleet.loop())
         with self._jobs_lock:
             jobs = list(self._jobs.values())
         for job in jobs:
             self._start_job(job)
+        self._spawn(self._account_for_downtime(jobs))
         log.info("scheduler %s started with %d job(s) on %s", self.instance_id,
                  len(jobs), self.backend.describe())
 
@@ -417,6 +488,7 @@ class Scheduler:
                                 ref.job, ref.slot, ref.attempt)
         others = [t for t in self._tasks if t not in attempt_tasks]
         await asyncio.gather(*others, return_exceptions=True)
+        await self._fleet.leave()
         threads, self._threads = self._threads, None
         if threads is not None:
             threads.shutdown(wait=False, cancel_futures=True)
@@ -479,6 +551,57 @@ class Scheduler:
         await self._open_backend()
         return await self.backend.job_names()
 
+    # ---------------------------------------------------------------- the fleet
+
+    async def pause(self, name: str, reason: str | None = None) -> PauseInfo:
+        """Pause job ``name`` for the whole fleet (every instance of the namespace).
+
+        Each instance notices within a few seconds (:data:`~anarchon_core.fleet.PAUSE_REFRESH_S`);
+        from then on each slot is recorded ``skipped`` (error ``paused``) by the one
+        instance that claims it, and no handler runs. Manual runs (:meth:`run_now`,
+        :meth:`backfill`) still run. The job need not be registered here. Needs a store
+        with control records (Redis/Valkey, PostgreSQL, SQLite).
+        """
+        info = PauseInfo(check_job_name(name), self.instance_id, round(self._now_ms()),
+                         validate_reason(reason))
+        await self._open_backend()
+        await self.backend.write_control(PAUSED + name, info.encode())
+        self._fleet.paused[name] = info
+        log.warning("%s: paused for the fleet by %s%s", name, self.instance_id,
+                    f" ({reason})" if reason else "", extra={"job": name})
+        return info
+
+    async def resume(self, name: str) -> bool:
+        """Resume a paused job fleet-wide; False if it was not paused."""
+        check_job_name(name)
+        await self._open_backend()
+        was = name in await self._fleet.read_paused()
+        await self.backend.write_control(PAUSED + name, None)
+        self._fleet.paused.pop(name, None)
+        if was:
+            log.warning("%s: resumed for the fleet by %s", name, self.instance_id,
+                        extra={"job": name})
+        return was
+
+    async def paused(self) -> dict[str, PauseInfo]:
+        """The jobs paused fleet-wide, by name, read from the store now."""
+        await self._open_backend()
+        return await self._fleet.read_paused()
+
+    async def status(self) -> FleetStatus:
+        """The fleet view: live instances, and per job its schedule, last attempt, next slot.
+
+        ``status().warnings`` names jobs whose live instances define them differently.
+        Needs a store with control records (Redis/Valkey, PostgreSQL, SQLite).
+        """
+        await self._open_backend()
+        return await self._fleet.status()
+
+    def _job_definitions(self) -> list[JobDefinition]:
+        with self._jobs_lock:
+            jobs = list(self._jobs.values())
+        return [JobDefinition.of(j.name, j.schedule, j.options) for j in jobs]
+
     # ---------------------------------------------------------------- claims
 
     def _job(self, name: str) -> _Job:
@@ -538,17 +661,21 @@ class Scheduler:
         while True:
             sent = time.monotonic()
             try:
-                return await self.backend.claim(request), sent
+                result = await self.backend.claim(request)
             except StoreUnavailable as exc:
+                self._health.failed("claim", exc, sent)
                 tries += 1
                 delay = retry_delay(tries)
                 if self._stopping or give_up_at is None or self._now_ms() + delay * 1000 > \
                         give_up_at:
                     raise
                 if tries == 1:
-                    log.warning("%s slot %s: claim failed (%s); retrying", request.job,
-                                request.slot, exc)
+                    log.debug("%s slot %s: claim failed (%s); retrying", request.job,
+                              request.slot, exc)
                 await asyncio.sleep(delay)
+            else:
+                self._health.succeeded("claim", sent)
+                return result, sent
 
     async def _claim_slot(self, job: _Job, slot: int, *, max_late_ms: int | None = None,
                           raise_unavailable: bool = False, request: ClaimRequest | None = None
@@ -575,9 +702,16 @@ class Scheduler:
         except StoreUnavailable as exc:
             if raise_unavailable:
                 raise
-            log.error("%s slot %s: store unavailable until the slot was too late; not run: %s",
-                      job.name, slot, exc)
-            return NotClaimed(job.name, slot, ClaimOutcome.LATE, f"store unavailable: {exc}")
+            reason = f"store unavailable: {exc}"
+            if self._health.slot_missed(job.name, slot):
+                log.debug("%s slot %s: not run, %s", job.name, slot, reason)
+            else:
+                log.error("%s slot %s: store unavailable until the slot was too late; not "
+                          "run: %s", job.name, slot, exc)
+            self._events.emit(EventKind.LATE, job=job.name, slot=slot, manual=request.manual,
+                              outcome=ClaimOutcome.LATE.value, reason=reason)
+            return NotClaimed(job.name, slot, ClaimOutcome.LATE, reason)
+        self._report_claim(request, result)
         if result.won:
             handle = self._handle(request, result, sent)
             if self._stopping:
@@ -585,6 +719,8 @@ class Scheduler:
                 await handle.release()
                 return NotClaimed(job.name, slot, ClaimOutcome.TAKEN, "this scheduler is "
                                   "stopping; handed over")
+            if self._is_paused(handle):
+                return await self._skip_paused(handle)
             return handle
         return NotClaimed(job.name, slot, result.outcome, _reason(request, result,
                                                                   self._now_ms()))
@@ -594,7 +730,8 @@ class Scheduler:
                    if self.backend.supports_leases else None)
         ref = RunRef(request.job, request.slot, request.token, result.attempt, request.manual)
         return ClaimHandle(backend=self.backend, ref=ref, runner=self.instance_id,
-                           timings=timings, sent_at=sent)
+                           timings=timings, sent_at=sent, events=self._events,
+                           health=self._health)
 
     # ---------------------------------------------------------------- manual runs
 
@@ -604,14 +741,9 @@ class Scheduler:
         Recorded in history as manual. On a lease backend it holds a lease like any run,
         so scheduled slots of the job are skipped while it runs (unless ``overlap``).
         """
-        job = self._job(name)
-        if job.handler is None:
-            raise ConfigError(f"job {name!r} has no handler here (defined with define()); "
-                              "claim its slots with claim()")
+        job = self._runnable(name)
         await self._open_backend()
-        own_threads = self._threads is None
-        threads = self._threads or HandlerThreads(1, "anarchon-run-now")
-        try:
+        with self._manual_threads() as threads:
             slot = round(self._now_ms())
             for _ in range(10):  # another instance may have run it in the same millisecond
                 request = self._request(job, slot, manual=True)
@@ -621,8 +753,82 @@ class Scheduler:
                     return await self._run_attempt(attempt)
                 slot += 1
             raise RuntimeError(f"could not claim a manual run of {name!r}")
+
+    async def backfill(self, name: str, start: datetime | int, end: datetime | int, *,
+                       limit: int = 1_000) -> list[Run]:
+        """Run the past slots of job ``name`` from ``start`` to ``end`` (inclusive) once.
+
+        ``start``/``end`` are aware datetimes or slots (ms). Slots of the job's schedule in
+        that range that have no success in history are run here one at a time, oldest
+        first, each as a manual attempt of *that* slot (``Run.manual``, ``Run.slot`` the
+        past slot). Each is claimed first, so a slot runs once fleet-wide even when two
+        backfills of the same range race; a slot already backfilled is not run again.
+        More than ``limit`` slots in the range is a :class:`ConfigError`. Returns the runs
+        made here.
+        """
+        job = self._runnable(name)
+        if job.schedule is None:
+            raise ConfigError(f"job {name!r} has no schedule to backfill")
+        lo, hi = _as_slot(start, "start"), _as_slot(end, "end")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+            raise ConfigError(f"invalid limit {limit!r}: expected an int in 1..100000")
+        await self._open_backend()
+        now = round(self._now_ms())
+        if hi < lo or hi > now:
+            raise ConfigError(f"invalid backfill range {_iso(lo)} to {_iso(hi)}: expected "
+                              f"start ≤ end ≤ now ({_iso(now)})")
+        slots: list[int] = []
+        at = job.schedule.latest_at_or_before(lo - 1)
+        while (at := job.schedule.next_after(at)) <= hi:
+            if len(slots) == limit:
+                raise ConfigError(f"{name}: more than {limit} slots from {_iso(lo)} to "
+                                  f"{_iso(hi)}; backfill a shorter range or raise limit")
+            slots.append(at)
+        done = await self._succeeded_slots(name, lo)
+        runs: list[Run] = []
+        with self._manual_threads() as threads:
+            for slot in slots:
+                if slot in done or self._stopping:
+                    continue
+                request = self._request(job, slot, manual=True)
+                result, sent = await self._call_claim(request, None)
+                if not result.won:
+                    log.info("%s slot %s: backfill skipped (%s)", name, slot,
+                             result.outcome.value)
+                    continue
+                attempt = self._attempt(job, self._handle(request, result, sent), threads)
+                runs.append(await self._run_attempt(attempt))
+        return runs
+
+    async def _succeeded_slots(self, name: str, since: int) -> set[int]:
+        """Slots of ``name`` at or after ``since`` with a successful attempt in history."""
+        found: set[int] = set()
+        cursor: str | None = None
+        for _ in range(1_000):  # pages of 1,000: a million runs back at most
+            page = await self.backend.runs(HistoryQuery(job=name, status="success",
+                                                        before=cursor, limit=_STORE_PAGE))
+            found.update(r.slot for r in page if r.slot >= since)
+            cursor = page.cursor
+            if cursor is None or not page or min(r.slot for r in page) < since:
+                break
+        return found
+
+    def _runnable(self, name: str) -> _Job:
+        job = self._job(name)
+        if job.handler is None:
+            raise ConfigError(f"job {name!r} has no handler here (defined with define()); "
+                              "claim its slots with claim()")
+        return job
+
+    @contextlib.contextmanager
+    def _manual_threads(self) -> Iterator[HandlerThreads]:
+        """The scheduler's handler threads, or a small pool when it is not running."""
+        own = self._threads is None
+        threads = self._threads or HandlerThreads(1, "anarchon-run-now")
+        try:
+            yield threads
         finally:
-            if own_threads:
+            if own:
                 threads.shutdown(wait=False)
 
     # ---------------------------------------------------------------- the clock
@@ -636,11 +842,20 @@ class Scheduler:
         samples = []
         for _ in range(_CLOCK_SAMPLES):
             before = time.time() * 1000
-            store = await self.backend.clock_ms()
+            sent = time.monotonic()
+            try:
+                store = await self.backend.clock_ms()
+            except StoreUnavailable as exc:
+                self._health.failed("clock", exc, sent)
+                raise
+            self._health.succeeded("clock", sent)
             after = time.time() * 1000
             samples.append((after - before, store - (before + after) / 2))
         offset = min(samples)[1]
         jumped = abs(offset - self._clock_offset_ms) >= _CLOCK_JUMP_MS
+        if abs(offset - self._clock_offset_ms) >= 1 or not self._clock_measured:
+            self._events.emit(EventKind.CLOCK_OFFSET, offset_ms=offset)
+        self._clock_measured = True
         self._clock_offset_ms = offset
         if jumped and self._timer_wake is not None:
             self._clock_moved = True  # the timer recomputes every job's next slot
@@ -742,6 +957,72 @@ class Scheduler:
                 job.generation += 1
                 self._arm(job, job.schedule, now)
 
+    async def _account_for_downtime(self, jobs: list[_Job]) -> None:
+        """On start: record ``missed`` the slots of these jobs that no instance claimed.
+
+        A slot after the job's newest record in the store and before now was due while
+        no instance could claim it (every instance down, or the store unreachable). Each
+        is recorded once, by whichever instance's request comes first, but only once its
+        claim window (``max_late_ms``/``catch_up_ms`` + jitter) has closed, so a live
+        instance still claiming it, or a catch-up, always comes first.
+        """
+        firing = [j for j in jobs if j.fires and j.schedule is not None and j.handler]
+        for first in range(0, len(firing), _MISSED_SCAN_CHUNK):
+            if first:
+                await asyncio.sleep(1.0)  # thousands of jobs: a gentle background scan
+            chunk = firing[first:first + _MISSED_SCAN_CHUNK]
+            now = round(self._now_ms())
+            try:
+                lasts = await asyncio.gather(*(self._last_scheduled(j.name) for j in chunk))
+            except StoreUnavailable as exc:
+                log.debug("downtime accounting skipped: %s", exc)
+                return
+            pending = [(job, slot) for job, last in zip(chunk, lasts, strict=True)
+                       if last is not None and job.schedule is not None
+                       for slot in _slots_between(job.schedule, last, now, _MISSED_PER_JOB)]
+            if not pending:
+                continue
+            closes = max(slot + max(j.options.max_late_ms, j.options.catch_up_ms)
+                         + j.options.jitter_ms for j, slot in pending) + _MISSED_MARGIN_MS
+            await asyncio.sleep(max(0.0, closes - self._now_ms()) / 1000)
+            await self._record_missed(pending, MISSED_DOWN)
+
+    async def _last_scheduled(self, name: str) -> int | None:
+        """The newest scheduled slot of ``name`` in the store (None: a new job)."""
+        runs = await self.backend.history(name, 1)
+        if runs and runs[0].manual:
+            runs = [r for r in await self.backend.history(name, 50) if not r.manual]
+        return runs[0].slot if runs else None
+
+    def _on_store_recovered(self, slots: list[tuple[str, int]]) -> None:
+        with self._jobs_lock:
+            pending = [(self._jobs[name], slot) for name, slot in slots if name in self._jobs]
+        if pending and self._running and not self._stopping:
+            self._spawn(self._record_missed(pending, MISSED_STORE))
+
+    async def _record_missed(self, pending: list[tuple[_Job, int]], reason: str) -> None:
+        """Send a ``missed`` request for each slot; the first request per slot records it."""
+        recorded: dict[str, int] = {}
+        for start in range(0, len(pending), _STORE_PAGE):
+            part = pending[start:start + _STORE_PAGE]
+            requests = [dataclasses.replace(self._request(job, slot), missed=reason)
+                        for job, slot in part]
+            sent = time.monotonic()
+            results = await self.backend.claim_many(requests)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                self._health.failed("claim", failed[0], sent)
+            for request, result in zip(requests, results, strict=True):
+                if isinstance(result, ClaimResult) and result.outcome is ClaimOutcome.LATE:
+                    recorded[request.job] = recorded.get(request.job, 0) + 1
+                    self._events.emit(EventKind.MISSED, job=request.job, slot=request.slot,
+                                      attempt=1, outcome="missed", reason=reason)
+        if recorded:
+            jobs = ", ".join(f"{name} ×{n}" for name, n in sorted(recorded.items())[:5])
+            more = f" and {len(recorded) - 5} more job(s)" if len(recorded) > 5 else ""
+            log.warning("recorded %d slot(s) as missed (%s): %s%s", sum(recorded.values()),
+                        reason, jobs, more)
+
     async def _catch_up(self, job: _Job, schedule: Schedule) -> None:
         now = self._now_ms()
         slot = schedule.latest_at_or_before(round(now))
@@ -764,12 +1045,17 @@ class Scheduler:
             results = [exc] * len(requests)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            log.warning("%d of %d claims due together failed (%s); retrying each on its own",
-                        len(failed), len(results), failed[0])
+            self._health.failed("claim", failed[0], sent)
+            log.debug("%d of %d claims due together failed (%s); retrying each on its own",
+                      len(failed), len(results), failed[0])
+        if len(failed) < len(results):
+            self._health.succeeded("claim", sent)
         for (job, slot), request, result in zip(due, requests, results, strict=True):
             if isinstance(result, BaseException) or result.outcome is ClaimOutcome.EARLY:
                 self._spawn(self._claim_and_handle(job, slot, request=request))
-            elif result.won:
+                continue
+            self._report_claim(request, result)
+            if result.won:
                 handle = self._handle(request, result, sent)
                 if self._stopping:
                     self._spawn(handle.release())  # hand it straight over
@@ -783,7 +1069,11 @@ class Scheduler:
         if outcome.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
             self._spawn(self._watch(job, slot, manual=False))
         elif outcome.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
-            log.info("%s slot %s: skipped (%s)", job.name, slot, outcome.reason)
+            # While the store is down the recovery line counts these; one line each would
+            # be one per slot of every job.
+            log.log(logging.DEBUG if self._health.down else logging.INFO,
+                    "%s slot %s: skipped (%s)", job.name, slot, outcome.reason,
+                    extra={"job": job.name, "slot": slot, "instance": self.instance_id})
         else:
             log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
 
@@ -797,7 +1087,11 @@ class Scheduler:
         elif outcome.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
             await self._watch(job, slot, manual=False)
         elif outcome.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
-            log.info("%s slot %s: skipped (%s)", job.name, slot, outcome.reason)
+            # While the store is down the recovery line counts these; one line each would
+            # be one per slot of every job.
+            log.log(logging.DEBUG if self._health.down else logging.INFO,
+                    "%s slot %s: skipped (%s)", job.name, slot, outcome.reason,
+                    extra={"job": job.name, "slot": slot, "instance": self.instance_id})
         else:
             log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
 
@@ -819,11 +1113,15 @@ class Scheduler:
                 try:
                     result = await self.backend.claim(request)
                 except StoreUnavailable as exc:
-                    log.warning("%s slot %s: backup check failed: %s", job.name, slot, exc)
+                    self._health.failed("claim", exc, sent)
+                    log.debug("%s slot %s: backup check failed: %s", job.name, slot, exc)
                     continue
+                self._health.succeeded("claim", sent)
                 if result.won:
+                    self._report_claim(request, result)
                     log.warning("%s slot %s: lease expired, taking over as attempt %s",
-                                job.name, slot, result.attempt)
+                                job.name, slot, result.attempt,
+                                extra=_fields(job.name, slot, result.attempt, self.instance_id))
                     handle = self._handle(request, result, sent)
                     if self._stopping:
                         await handle.release()
@@ -853,12 +1151,15 @@ class Scheduler:
                 for job in batch:
                     if self._stopping:
                         return
+                    sent = time.monotonic()
                     try:
                         expired = await self.backend.expired_runs(job.name,
                                                                   _ORPHAN_RUNS_PER_JOB)
                     except StoreUnavailable as exc:
+                        self._health.failed("expired_runs", exc, sent)
                         log.debug("orphan scan of %s failed: %s", job.name, exc)
                         break
+                    self._health.succeeded("expired_runs", sent)
                     for run in expired:
                         if (run.slot, run.manual) not in job.watching:
                             self._spawn(self._recover(job, run))
@@ -881,11 +1182,15 @@ class Scheduler:
         try:
             result = await self.backend.claim(request)
         except StoreUnavailable as exc:
+            self._health.failed("claim", exc, sent)
             log.debug("%s slot %s: orphan claim failed: %s", job.name, run.slot, exc)
             return
+        self._health.succeeded("claim", sent)
+        self._report_claim(request, result)
         if result.won and not self._stopping:
             log.warning("%s slot %s: orphaned run (no runner, no backup) taken over as "
-                        "attempt %s", job.name, run.slot, result.attempt)
+                        "attempt %s", job.name, run.slot, result.attempt,
+                        extra=_fields(job.name, run.slot, result.attempt, self.instance_id))
             await self._run_handle(job, self._handle(request, result, sent))
         elif result.won:
             await self._handle(request, result, sent).release()
@@ -901,7 +1206,26 @@ class Scheduler:
                        timeout_ms=job.options.timeout_ms, threads=threads,
                        stop_grace_s=self.stop_grace_ms / 1000)
 
+    def _is_paused(self, handle: ClaimHandle) -> bool:
+        return not handle.manual and handle.job in self._fleet.paused
+
+    async def _skip_paused(self, handle: ClaimHandle) -> NotClaimed:
+        """Record a won slot of a paused job ``skipped`` (error ``paused``); run nothing."""
+        info = self._fleet.paused.get(handle.job)
+        reason = "paused" + (f" by {info.by}" if info else "") + \
+            (f": {info.reason}" if info and info.reason else "")
+        await handle.finish("skipped", "paused")
+        log.info("%s slot %s: skipped (%s)", handle.job, handle.slot, reason,
+                 extra=_fields(handle.job, handle.slot, handle.attempt, self.instance_id))
+        self._events.emit(EventKind.CLAIM_SKIPPED, job=handle.job, slot=handle.slot,
+                          attempt=handle.attempt, outcome=ClaimOutcome.PAUSED.value,
+                          reason=reason)
+        return NotClaimed(handle.job, handle.slot, ClaimOutcome.PAUSED, reason)
+
     async def _run_handle(self, job: _Job, handle: ClaimHandle) -> None:
+        if self._is_paused(handle):
+            await self._skip_paused(handle)
+            return
         threads = self._threads
         if job.handler is None and job.on_takeover is not None and not self._stopping:
             try:
@@ -924,10 +1248,23 @@ class Scheduler:
         attempt.task = asyncio.current_task()
         if self._stopping:
             attempt.request_stop(0)
+        events = self._events
+        ref = attempt.handle.ref
+        if events:
+            events.emit(EventKind.ATTEMPT_STARTED, job=ref.job, slot=ref.slot,
+                        attempt=ref.attempt, manual=ref.manual,
+                        lateness_ms=self._now_ms() - ref.slot)
         try:
-            return await attempt.run()
+            run = await attempt.run()
         finally:
             self._attempts.discard(attempt)
+        if events:
+            duration = None if attempt.finished_at is None \
+                else (attempt.finished_at - attempt.started_at) * 1000
+            events.emit(EventKind.ATTEMPT_ENDED, job=ref.job, slot=ref.slot,
+                        attempt=ref.attempt, manual=ref.manual, status=run.status,
+                        error=run.error, duration_ms=duration)
+        return run
 
 
 def _reason(request: ClaimRequest, result: ClaimResult, now_ms: float) -> str:
@@ -944,6 +1281,34 @@ def _reason(request: ClaimRequest, result: ClaimResult, now_ms: float) -> str:
     if outcome is ClaimOutcome.DONE:
         return "done: this run has already ended"
     return "taken: another instance won this slot"
+
+
+def _slots_between(schedule: Schedule, after: int, upto: int, limit: int) -> list[int]:
+    """The newest ``limit`` slots ``s`` of ``schedule`` with ``after < s <= upto``, in order."""
+    out: list[int] = []
+    at = schedule.latest_at_or_before(upto)
+    while at > after and len(out) < limit:
+        out.append(at)
+        at = schedule.latest_at_or_before(at - 1)
+    return out[::-1]
+
+
+def _as_slot(value: datetime | int, what: str) -> int:
+    if isinstance(value, datetime):
+        return slot_from_datetime(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"invalid {what} {value!r}: expected an aware datetime or int ms "
+                          "since the epoch")
+    return value
+
+
+def _iso(slot: int) -> str:
+    return ms_to_datetime(slot).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _fields(job: str, slot: int, attempt: int, instance: str) -> dict[str, Any]:
+    """A run's identity as ``extra`` for a log record (``record.job``, ``record.slot``...)."""
+    return {"job": job, "slot": slot, "attempt": attempt, "instance": instance}
 
 
 def _log_crash(task: asyncio.Future[Any]) -> None:

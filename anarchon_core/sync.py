@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .claim import ClaimHandle, SyncClaimHandle
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from .fleet import FleetStatus, PauseInfo
     from .models import Run, RunPage
     from .scheduler import NotClaimed, Scheduler
 
@@ -44,8 +47,9 @@ class _LoopThread:
 class SyncScheduler:
     """Blocking versions of :class:`Scheduler`'s coroutines: ``scheduler.sync.<name>``.
 
-    ``start()``, ``stop()``, ``history(...)``, ``job_names()``, ``run_now(name)`` and
-    ``claim(name, slot)`` block until done. Call them from ordinary threads (a Django
+    ``start()``, ``stop()``, ``history(...)``, ``job_names()``, ``run_now(name)``,
+    ``claim(name, slot)``, ``pause(name)``, ``resume(name)``, ``paused()``, ``status()`` and
+    ``backfill(name, start, end)`` block until done. Call them from ordinary threads (a Django
     view, a Celery beat, an APScheduler executor); inside an event loop use the coroutines
     instead. Registration (``every``, ``cron``, ``define``, ``remove``) is thread-safe on
     the scheduler itself.
@@ -114,3 +118,25 @@ class SyncScheduler:
     def run_now(self, name: str, timeout: float | None = None) -> Run:
         """Blocking :meth:`Scheduler.run_now`; ``timeout`` in seconds (None waits)."""
         return self._call(lambda: self._scheduler.run_now(name), timeout)
+
+    def backfill(self, name: str, start: datetime | int, end: datetime | int, *,
+                 limit: int = 1_000, timeout: float | None = None) -> list[Run]:
+        """Blocking :meth:`Scheduler.backfill`; ``timeout`` in seconds (None waits)."""
+        return self._call(lambda: self._scheduler.backfill(name, start, end, limit=limit),
+                          timeout)
+
+    def pause(self, name: str, reason: str | None = None) -> PauseInfo:
+        """Blocking :meth:`Scheduler.pause`."""
+        return self._call(lambda: self._scheduler.pause(name, reason), 60)
+
+    def resume(self, name: str) -> bool:
+        """Blocking :meth:`Scheduler.resume`."""
+        return self._call(lambda: self._scheduler.resume(name), 60)
+
+    def paused(self) -> dict[str, PauseInfo]:
+        """Blocking :meth:`Scheduler.paused`."""
+        return self._call(self._scheduler.paused, 60)
+
+    def status(self) -> FleetStatus:
+        """Blocking :meth:`Scheduler.status`."""
+        return self._call(self._scheduler.status, 60)

@@ -67,6 +67,7 @@ class MemoryBackend(Backend):
                  read_only: bool = False) -> None:
         self._clock = clock or (lambda: round(time.time() * 1000))
         self._runs: dict[tuple[str, int, bool], list[_Attempt]] = {}
+        self._controls: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self.read_only = read_only
 
@@ -74,6 +75,7 @@ class MemoryBackend(Backend):
         """A read-only backend that sees this backend's runs (as a second instance would)."""
         view = MemoryBackend(self._clock, read_only=True)
         view._runs = self._runs
+        view._controls = self._controls
         view._lock = self._lock
         return view
 
@@ -112,8 +114,8 @@ class MemoryBackend(Backend):
                 self._runs[key] = attempts
                 self._trim(request, now)
             elif decision.action is Action.SKIP:
-                attempts.append(_Attempt(1, request.token, "skipped", request.runner, None,
-                                         now, now, decision.error))
+                attempts.append(_Attempt(1, request.token, decision.status, request.runner,
+                                         None, now, now, decision.error))
             elif decision.action is Action.GIVE_UP and current is not None:
                 current.status, current.finished_at = "interrupted", now
                 current.error, current.lease_until = decision.error, None
@@ -210,6 +212,18 @@ class MemoryBackend(Backend):
     async def runs(self, query: HistoryQuery) -> RunPage:
         """One page of history across every job, newest first."""
         return await page_jobs({k[0] for k in self._runs}, history_reader(self.history), query)
+
+    async def write_control(self, name: str, value: str | None) -> None:
+        """Set or delete a control record (pausing, the fleet registry)."""
+        refuse_write(self, "write_control")
+        if value is None:
+            self._controls.pop(name, None)
+        else:
+            self._controls[name] = value
+
+    async def read_controls(self, prefix: str) -> dict[str, str]:
+        """The control records whose name starts with ``prefix``."""
+        return {k: v for k, v in self._controls.items() if k.startswith(prefix)}
 
     async def job_names(self) -> dict[str, Run | None]:
         """Every job with runs, with its newest attempt."""

@@ -29,6 +29,7 @@ from anarchon_core import (
     mask_url,
     slot_to_datetime,
 )
+from anarchon_core.models import RUN_STATUSES
 from anarchon_core.readmodel import decode_cursor, encode_cursor
 
 from . import conf, registry, runtime
@@ -38,7 +39,7 @@ __all__ = [
     "job_rows", "run_now",
 ]
 
-STATUSES = ("running", "success", "failed", "interrupted", "skipped")
+STATUSES = RUN_STATUSES
 PAGE_SIZES = (20, 50, 100, 200)
 #: How many runs a search reads at most before offering "search older runs".
 SEARCH_SCAN = 2_000

@@ -414,7 +414,7 @@ def main() -> None:
                   f"({os.cpu_count()} CPUs)")
             if args.smoke:
                 three_beats(workdir, broker, measure_s=2, after_kill_s=3, entries=5)
-                thousand_entries(workdir, broker, entries=50, measure_s=5, period=2)
+                thousand_entries(workdir, broker, entries=50, measure_s=2, period=1)
             else:
                 three_beats(workdir, broker, measure_s=60, after_kill_s=35, entries=20)
                 thousand_entries(workdir, broker, entries=1000, measure_s=40, period=10)

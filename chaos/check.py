@@ -428,7 +428,7 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
                 f"slot {slot}: claim-only run started {len(starts[slot])} times "
                 f"(pids {[e.pid for e in starts[slot]]})")
         for r in runs if window[0] <= slot <= window[1] else []:
-            if r.status in ("failed", "skipped"):
+            if r.status in ("failed", "skipped", "missed"):
                 kind = (r.error or "?").split(":")[0]
                 (report.failed if r.status == "failed" else report.skipped)[kind] += 1
             elif r.status == "interrupted":

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import types
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -171,6 +172,9 @@ def test_settings_default_to_a_redis_broker_and_refuse_others() -> None:
             "memory://", {}, anarchon_backend="postgresql://h/db", anarchon_prefix="x:"))
     with pytest.raises(ConfigError, match="anarchon_lease_ms"):
         anarchon_celery.Settings.from_app(make_app("redis://h", {}, anarchon_lease_ms="5s"))
+    with pytest.raises(ConfigError, match="invalid anarchon_metrics_port 70000"):
+        anarchon_celery.Settings.from_app(make_app("redis://h", {},
+                                                   anarchon_metrics_port=70_000))
     with pytest.raises(ConfigError, match="anarchon_track_tasks needs a lease store"):
         anarchon_celery.Settings.from_app(make_app(
             "memory://", {}, anarchon_backend="amqp://127.0.0.1//",
@@ -227,11 +231,16 @@ def test_entry_args_kwargs_and_options_are_published_as_celery_beat_does(
                "headers": {"x-custom": "v"}}
     entries = {"e": {"task": "t.add", "schedule": 1.0, "args": (1, "a"),
                      "kwargs": {"k": [1, 2]}, "options": dict(options)}}
-    app = make_app(redis_server.url, entries, anarchon_lease_ms=2_000)
+    port = free_port()
+    app = make_app(redis_server.url, entries, anarchon_lease_ms=2_000,
+                   anarchon_metrics_port=port, anarchon_metrics_addr="127.0.0.1")
     ours = anarchon_celery.Scheduler(app)
     try:
         wait_for(lambda: any(m["headers"].get("anarchon_job") == "e"
                              for m in captured.messages))
+        # The beat's own metrics, scraped over HTTP (anarchon_metrics_port).
+        wait_for(lambda: 'anarchon_claims_total{job="e",outcome="won"}' in urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode())
         sent = next(m for m in captured.messages if m["headers"].get("anarchon_job") == "e")
         runner = ours.core.instance_id if ours.core else ""
         assert ours.core is not None

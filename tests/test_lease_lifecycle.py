@@ -47,7 +47,9 @@ def test_stop_keeps_the_lease_of_a_handler_that_ignores_it(store_url: str,
                                                              tmp_path: Path) -> None:
     """SIGTERM with a 100 ms grace while a stubborn handler works: no hand-over until the
     code is gone; the backup's attempt 2 starts only after attempt 1's code ended."""
-    jobs = [JobSpec("long", every="20s", sleep_s=3.0, sync=True, stubborn=True)]
+    offset_ms = (now_ms() + 4_000) % 20_000  # the first slot 4 s from now, the next later
+    jobs = [JobSpec("long", every="20s", sleep_s=3.0, sync=True, stubborn=True,
+                    options={"offset": f"{offset_ms}ms"})]
     with start_instances(store_url, jobs, 2, tmp_path, lease_ms=2_000, heartbeat_ms=400,
                          grace_ms=100) as cluster:
         cluster.wait_ready()
@@ -102,7 +104,9 @@ def test_rolling_deploy_recovers_an_orphaned_run(store_url: str, tmp_path: Path)
     """Three old instances are replaced by three new ones while a long run goes on; its
     runner is SIGKILLed last. Nobody who saw the claim is left, yet a new instance finds
     the orphaned run and takes it over as attempt 2."""
-    jobs = [JobSpec("long", every="30s", sleep_s=6.0)]
+    # A slot every 30 s (no second slot during the test), the first one 4 s from now.
+    offset_ms = (now_ms() + 4_000) % 30_000
+    jobs = [JobSpec("long", every="30s", sleep_s=6.0, options={"offset": f"{offset_ms}ms"})]
     old = start_instances(store_url, jobs, 3, tmp_path / "old", lease_ms=3_000,
                           heartbeat_ms=1_000)
     with old:

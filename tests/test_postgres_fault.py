@@ -235,7 +235,9 @@ def test_scheduler_recovers_from_a_store_restart_without_double_success(
     successes = Counter(r.slot for r in history if r.status == "success" and not r.manual)
     doubled = {slot: n for slot, n in successes.items() if n > 1}
     assert not doubled, f"slots with two successes: {doubled}"
-    assert "retry" in logs, "the outage went unnoticed: the test did not exercise it"
+    # One line when the outage starts, one when it ends (not one per failed call).
+    assert "unreachable (" in logs, "the outage went unnoticed: the test did not exercise it"
+    assert "reachable again after" in logs
     # Recovered: after the server is back, every slot runs, once.
     window = grid_slots(1_000, back_at + 2_000, end)
     assert len(window) >= 4

@@ -20,6 +20,8 @@ import pytest
 from anarchon_core import ConfigError, JobContext, Scheduler
 from anarchon_core.backends.sqlite import SqliteBackend
 
+from .support.procs import await_until
+
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,14 +44,6 @@ def wait(predicate: Callable[[], Any], timeout: float, what: str) -> None:
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
-
-async def await_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 async def test_registration_from_another_thread_while_running(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..errors import StoreError
-from ..models import ClaimRequest, Run, RunRef
+from ..models import FINISHED_STATUSES, ClaimRequest, Run, RunRef
 from ..readmodel import load_meta
 from ..schedules import ms_to_datetime
 from .storeerrors import CorruptRecords
@@ -64,7 +64,7 @@ corrupt_records = CorruptRecords(log)
 
 #: Version of the record layout. Readers skip records of a version they do not know.
 RECORD_VERSION = "1"
-_RESULT_STATUSES = frozenset({"success", "failed", "interrupted", "skipped"})
+_RESULT_STATUSES = FINISHED_STATUSES
 
 
 @dataclass(frozen=True)

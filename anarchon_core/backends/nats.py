@@ -57,7 +57,7 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
-from ..decision import late_error
+from ..decision import not_run
 from ..errors import ConfigError, StoreError, StoreFormatError, StoreNotSetUp
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
@@ -486,10 +486,10 @@ class NatsBackend(ClaimOnlyBackend):
             seq = stored.seq
         self._uncertain.discard(request.token)
         stored_at = await self._stored_ms(js, seq)
-        if request.max_late_ms is not None and stored_at > request.slot + request.max_late_ms:
+        late = not_run(request, stored_at)
+        if late:
             ref = RunRef(request.job, request.slot, request.token, 1, request.manual)
-            skipped = result_record(ref, status="skipped",
-                                    error=late_error(request, stored_at),
+            skipped = result_record(ref, status=late[0], error=late[1],
                                     runner=request.runner, started_ms=stored_at,
                                     at_ms=stored_at)
             await self._publish_once(js, self.result_subject(request.job, request.slot,

@@ -71,6 +71,8 @@ from .sqlstore import (
     Update,
     check_format,
     claim_batch_steps,
+    control_read_steps,
+    control_write_steps,
     expired_steps,
     history_steps,
     job_names_steps,
@@ -451,6 +453,17 @@ class PostgresBackend(Backend):
         """Every job in the table with its newest attempt."""
         await self._ensure_started()
         return await self._run(job_names_steps, what="job list read")
+
+    async def write_control(self, name: str, value: str | None) -> None:
+        """Set or delete a control record (a ``control:`` row of the meta table)."""
+        refuse_write(self, "write_control")
+        await self._ensure_started()
+        await self._run(lambda: control_write_steps(name, value), what="control write")
+
+    async def read_controls(self, prefix: str) -> dict[str, str]:
+        """The control records whose name starts with ``prefix``."""
+        await self._ensure_started()
+        return await self._run(lambda: control_read_steps(prefix), what="control read")
 
 
 # Set once per session on anarchon's own connection, per transaction on a user's: a frozen

@@ -74,7 +74,7 @@ from aio_pika.exceptions import (
 from aiormq.exceptions import ChannelAccessRefused
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
-from ..decision import late_error
+from ..decision import not_run
 from ..errors import ConfigError, StoreError, StoreFormatError, StoreNotSetUp, StoreUnavailable
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
@@ -455,7 +455,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
         expired answers ``late`` without touching the store.
         """
         now = local_now_ms()
-        late = request.max_late_ms is not None and now > request.slot + request.max_late_ms
+        late = not_run(request, now)
         if late and now - request.slot > self.run_expires_ms // 2:
             return ClaimResult(ClaimOutcome.LATE, 1)
         name = self.run_queue(request.job, request.slot, request.manual)
@@ -477,7 +477,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
                         "(%s: %s)", request.job, request.slot, type(exc).__name__, exc)
         if late:
             ref = RunRef(request.job, request.slot, request.token, 1, request.manual)
-            skipped = result_record(ref, status="skipped", error=late_error(request, now),
+            skipped = result_record(ref, status=late[0], error=late[1],
                                     runner=request.runner, started_ms=now, at_ms=now)
             await self._append(request.job, skipped)
             return ClaimResult(ClaimOutcome.LATE, 1)

@@ -43,6 +43,8 @@ from .sqlstore import (
     Update,
     check_format,
     claim_batch_steps,
+    control_read_steps,
+    control_write_steps,
     expired_steps,
     history_steps,
     job_names_steps,
@@ -362,6 +364,15 @@ class SqliteBackend(Backend):
     async def job_names(self) -> dict[str, Run | None]:
         """Every job in the table with its newest attempt."""
         return await self._read(job_names_steps)
+
+    async def write_control(self, name: str, value: str | None) -> None:
+        """Set or delete a control record (a ``control:`` row of the meta table)."""
+        refuse_write(self, "write_control")
+        await self._write(lambda: control_write_steps(name, value), "control write")
+
+    async def read_controls(self, prefix: str) -> dict[str, str]:
+        """The control records whose name starts with ``prefix``."""
+        return await self._read(lambda: control_read_steps(prefix))
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout_ms: int) -> None:

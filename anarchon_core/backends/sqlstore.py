@@ -48,8 +48,9 @@ from .common import check_format_value
 from .storeerrors import CorruptRecords
 
 __all__ = ["Batched", "Last", "SqlQueries", "Step", "Steps", "Update", "check_format",
-           "claim_batch_steps", "claim_steps", "expired_steps", "job_names_steps",
-           "rows_to_runs", "run_rounds", "runs_steps", "update_batch_steps"]
+           "claim_batch_steps", "claim_steps", "control_read_steps", "control_write_steps",
+           "expired_steps", "job_names_steps", "rows_to_runs", "run_rounds", "runs_steps",
+           "update_batch_steps"]
 
 log = logging.getLogger("anarchon.sql")
 #: Rows anarchon cannot read are reported once each, then skipped quietly.
@@ -70,6 +71,12 @@ _COLUMNS = ("job, slot, attempt, status, runner, started_at, finished_at, error,
             "lease_until, {meta_col}")
 _TEMPLATES: dict[str, str] = {
     "read_format": "SELECT value FROM {meta} WHERE name = 'format'",
+    "control_put": """
+        INSERT INTO {meta} (name, value) VALUES (:name, :value)
+        ON CONFLICT (name) DO UPDATE SET value = excluded.value""",
+    "control_delete": "DELETE FROM {meta} WHERE name = :name",
+    "control_read": """
+        SELECT name, value FROM {meta} WHERE substr(name, 1, :length) = :prefix""",
     "now": "SELECT {now}",
     "lock_job": "{lock_job}",
     "lock_jobs": "{lock_jobs}",
@@ -311,7 +318,7 @@ def _claim_writes(req: ClaimRequest, decision: Decision, now: int,
             writes.append(trim_step(req.job, retention, now))
     elif decision.action is Action.SKIP:
         writes.append(Step("insert_attempt", {
-            **key, "now": now, "attempt": 1, "token": req.token, "status": "skipped",
+            **key, "now": now, "attempt": 1, "token": req.token, "status": decision.status,
             "runner": req.runner, "lease_until": None, "finished_at": now,
             "error": decision.error,
         }, rows=False))
@@ -535,6 +542,25 @@ def runs_steps(query: HistoryQuery) -> Generator[Step, Any, RunPage]:
         params.update(c_slot=below[0], c_job=below[1], c_manual=below[2], c_attempt=below[3])
     rows = yield Step(runs_query_name(query, below is not None), params)
     return finish_page(rows_to_runs(rows, now), query.limit)
+
+
+#: Control records live in the meta table under this prefix, apart from ``format``.
+CONTROL_PREFIX = "control:"
+
+
+def control_write_steps(name: str, value: str | None) -> Steps[None]:
+    """Set (or with ``None`` delete) the control record ``name`` in the meta table."""
+    key = CONTROL_PREFIX + name
+    step = (Step("control_delete", {"name": key}, rows=False) if value is None
+            else Step("control_put", {"name": key, "value": value}, rows=False))
+    yield Last([step])
+
+
+def control_read_steps(prefix: str) -> Generator[Step, Any, dict[str, str]]:
+    """Every control record whose name starts with ``prefix``."""
+    key = CONTROL_PREFIX + prefix
+    rows = yield Step("control_read", {"prefix": key, "length": len(key)})
+    return {str(name)[len(CONTROL_PREFIX):]: str(value) for name, value in rows}
 
 
 def job_names_steps() -> Generator[Step, Any, dict[str, Run | None]]:

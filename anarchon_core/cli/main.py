@@ -1,4 +1,4 @@
-"""``anarchon``: demo, run, jobs, history and next.
+"""``anarchon``: demo, run, jobs, history, check, status, pause, resume, backfill, next.
 
 Every failure ends with a non-zero exit status and one line on stderr saying what to fix
 (``anarchon <command>: error: ...``): 2 for a usage or configuration error, 1 when a store
@@ -17,18 +17,21 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
+from .. import deadman
 from ..errors import AnarchonError, ConfigError
+from ..fleet import PAUSE_REFRESH_S
 from ..models import Run
 from ..scheduler import Scheduler
-from ..schedules import CronSchedule, ms_to_datetime
+from ..schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
 from ..url import backend_from_url, redact
 
-__all__ = ["CliError", "build_parser", "load_scheduler", "main"]
+__all__ = ["CliError", "add_metrics_options", "build_parser", "load_scheduler", "main"]
 
+T = TypeVar("T")
 #: Most slots ``anarchon next`` prints, and most runs ``anarchon history`` reads.
 MAX_COUNT = 10_000
 _MAX_MESSAGE = 600
@@ -65,6 +68,21 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds from 0 to 86400, "
                                          f"got {text!r}")
     return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65_535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-addr`` (also ``manage.py anarchon``'s)."""
+    parser.add_argument("--metrics-port", type=_port, default=None,
+                        help="serve Prometheus metrics on this port (/metrics; needs "
+                             "anarchon[prometheus])")
+    parser.add_argument("--metrics-addr", default="0.0.0.0",
+                        help="address for --metrics-port (default 0.0.0.0)")
 
 
 def _instances(text: str) -> int:
@@ -128,8 +146,13 @@ def format_history(runs: Sequence[Run]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a scheduler until SIGINT/SIGTERM."""
-    load_scheduler(args.target).run_forever()
+    """Run a scheduler until SIGINT/SIGTERM (serving Prometheus metrics if asked)."""
+    scheduler = load_scheduler(args.target)
+    if args.metrics_port is not None:
+        from ..metrics.prometheus import serve_metrics  # noqa: PLC0415 - optional extra
+
+        serve_metrics(scheduler, args.metrics_port, args.metrics_addr)
+    scheduler.run_forever()
     return 0
 
 
@@ -142,32 +165,119 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_history(args: argparse.Namespace) -> int:
-    """Print a job's history from a store."""
+def _with_store(args: argparse.Namespace, what: str,
+                call: Callable[[Scheduler], Awaitable[T]]) -> T:
+    """``call(reader)``: a job-less scheduler on ``--backend`` (or ``$ANARCHON_URL``).
+
+    Bounded by ``--timeout``; ``what`` names the operation in errors.
+    """
     url = args.backend or os.environ.get("ANARCHON_URL")
     if not url:
         raise CliError("give --backend URL (or set ANARCHON_URL)")
     backend = backend_from_url(url)
     reader = Scheduler(backend)
 
-    async def read() -> list[Run]:
+    async def go() -> T:
         try:
-            return await asyncio.wait_for(reader.history(args.job, args.limit), args.timeout)
+            return await asyncio.wait_for(call(reader), args.timeout)
         except asyncio.TimeoutError:
             raise AnarchonError(f"no answer from {backend.describe()} within {args.timeout:g} s "
                                 "(is the store up? --timeout sets the limit)") from None
         except AnarchonError:
             raise  # the store's own errors already name the backend
         except Exception as exc:
-            raise AnarchonError(f"cannot read history from {backend.describe()}: "
+            raise AnarchonError(f"cannot {what} {backend.describe()}: "
                                 f"{_one_line(exc)}") from exc
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(reader.stop(), 5)
 
-    runs = asyncio.run(read())
+    return asyncio.run(go())
+
+
+def _read_history(args: argparse.Namespace, job: str, limit: int) -> list[Run]:
+    """A job's history from ``--backend`` (or ``$ANARCHON_URL``), bounded by ``--timeout``."""
+    return _with_store(args, "read history from", lambda r: r.history(job, limit))
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Pause a job for the whole fleet."""
+    info = _with_store(args, "pause a job on", lambda r: r.pause(args.job, args.reason))
+    print(f"paused {info.job!r} for every instance (they notice within "
+          f"{PAUSE_REFRESH_S:g} s); resume with: anarchon resume {args.job}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Resume a paused job fleet-wide."""
+    was = _with_store(args, "resume a job on", lambda r: r.resume(args.job))
+    print(f"resumed {args.job!r}" if was else f"{args.job!r} was not paused")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the fleet view: live instances and every job's state."""
+    view = _with_store(args, "read the fleet from", lambda r: r.status())
+    print(view.format())
+    return 0
+
+
+def _moment(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 date-time, got {text!r}"
+                                         ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """Run the past slots of a job in a range, each once fleet-wide."""
+    scheduler = load_scheduler(args.target)
+
+    async def go() -> list[Run]:
+        try:
+            return await scheduler.backfill(args.job, args.start, args.end, limit=args.limit)
+        finally:
+            await scheduler.stop()
+
+    runs = asyncio.run(go())
+    print(format_history(runs) if runs else "nothing to backfill: every slot in the range "
+          "has already succeeded or was backfilled")
+    return 0 if all(r.status == "success" for r in runs) else 1
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """Print a job's history from a store."""
+    runs = _read_history(args, args.job, args.limit)
     print(format_history(runs) if runs else f"no history for {args.job!r}")
     return 0
+
+
+#: How many of a job's newest runs ``anarchon check`` reads.
+CHECK_RUNS = 200
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Dead-man check: 0 if the job succeeded recently enough, 1 if not, 2 if unknown."""
+    schedule: Schedule | None = None
+    if args.every is not None:
+        schedule = EverySchedule(args.every)
+    elif args.cron is not None:
+        schedule = CronSchedule(args.cron, args.tz)
+    deadman.parse_max_silence(args.max_silence)  # a bad value is a usage error (2)
+    try:
+        runs = _read_history(args, args.job, CHECK_RUNS)
+    except CliError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - cannot tell: the "unknown" verdict
+        print(f"unknown: {args.job}: cannot read the store: {_one_line(exc)}")
+        return deadman.UNKNOWN
+    now = round(datetime.now(timezone.utc).timestamp() * 1000)
+    report = deadman.judge_silence(args.job, runs, max_silence=args.max_silence, now_ms=now,
+                                   schedule=schedule)
+    print(report)
+    return report.exit_code
 
 
 def cmd_next(args: argparse.Namespace) -> int:
@@ -208,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common],
                          help="run module:scheduler until SIGINT/SIGTERM")
     run.add_argument("target", help="module:attribute of a Scheduler")
+    add_metrics_options(run)
     run.set_defaults(func=cmd_run)
 
     jobs = sub.add_parser("jobs", parents=[common], help="list the jobs of module:scheduler")
@@ -222,6 +333,52 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--timeout", type=_seconds, default=30.0,
                          help="seconds to wait for the store (default 30)")
     history.set_defaults(func=cmd_history)
+
+    check = sub.add_parser(
+        "check", parents=[common],
+        help="dead-man check: exit 0 if JOB succeeded recently, 1 if silent, 2 if unknown")
+    check.add_argument("job")
+    check.add_argument("--max-silence", required=True,
+                       help="slots without a success before alerting (e.g. 3), or a "
+                            "duration (e.g. 2h)")
+    check.add_argument("--backend", help="store URL (default: $ANARCHON_URL)")
+    when = check.add_mutually_exclusive_group()
+    when.add_argument("--every", help="the job's interval, to count slots exactly (e.g. 10m)")
+    when.add_argument("--cron", help="the job's cron expression, to count slots exactly")
+    check.add_argument("--tz", default="UTC", help="time zone of --cron (default UTC)")
+    check.add_argument("--timeout", type=_seconds, default=10.0,
+                       help="seconds to wait for the store (default 10)")
+    check.set_defaults(func=cmd_check)
+
+    for name, helptext in (("pause", "pause JOB for every instance of the namespace"),
+                           ("resume", "resume a paused JOB")):
+        control = sub.add_parser(name, parents=[common], help=helptext)
+        control.add_argument("job")
+        control.add_argument("--backend", help="store URL (default: $ANARCHON_URL)")
+        if name == "pause":
+            control.add_argument("--reason", help="why (shown by status and in the logs)")
+        control.add_argument("--timeout", type=_seconds, default=30.0,
+                             help="seconds to wait for the store (default 30)")
+        control.set_defaults(func=cmd_pause if name == "pause" else cmd_resume)
+
+    status = sub.add_parser("status", parents=[common],
+                            help="live instances, and per job schedule, last and next run")
+    status.add_argument("--backend", help="store URL (default: $ANARCHON_URL)")
+    status.add_argument("--timeout", type=_seconds, default=30.0,
+                        help="seconds to wait for the store (default 30)")
+    status.set_defaults(func=cmd_status)
+
+    backfill = sub.add_parser("backfill", parents=[common],
+                              help="run past slots of a job of module:scheduler, each once")
+    backfill.add_argument("target", help="module:attribute of a Scheduler")
+    backfill.add_argument("job")
+    backfill.add_argument("--from", dest="start", type=_moment, required=True,
+                          help="first slot (ISO 8601; UTC unless it has an offset)")
+    backfill.add_argument("--to", dest="end", type=_moment, required=True,
+                          help="last slot (ISO 8601; UTC unless it has an offset)")
+    backfill.add_argument("--limit", type=count_arg, default=1_000,
+                          help="refuse ranges with more slots than this (default 1000)")
+    backfill.set_defaults(func=cmd_backfill)
 
     nxt = sub.add_parser("next", parents=[common], help="the next times of a cron expression")
     nxt.add_argument("expression")

@@ -24,6 +24,7 @@ from anarchon_core import (
 from anarchon_core.models import RunRef
 
 from ..stores import StoreHandle, StoreSpec
+from ..support.procs import await_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,14 +43,6 @@ def scheduler(backend: Backend, name: str, **kwargs: Any) -> Scheduler:
 def past_slot() -> int:
     return round(time.time() * 1000) - 500
 
-
-async def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Unanswering(Backend):
@@ -174,7 +167,7 @@ async def test_a_heartbeat_that_never_returns_still_fences_before_the_lease_ends
                 await asyncio.sleep(0.03)
 
         watcher = asyncio.ensure_future(backup())
-        await wait_until(lambda: taken, 10, "the backup's takeover")
+        await await_until(lambda: taken, 10, "the backup's takeover")
         watcher.cancel()
         assert cancelled, "the frozen holder was never told it lost its lease"
         assert cancelled[0] < taken[0]
@@ -253,9 +246,9 @@ async def test_on_takeover_makes_the_scheduler_a_backup_of_a_defined_job(
         assert isinstance(lost, NotClaimed)
         assert lost.outcome is ClaimOutcome.RUNNING
         first.abandon()  # the runner dies
-        await wait_until(lambda: taken, 10, "b to take the run over")
+        await await_until(lambda: taken, 10, "b to take the run over")
         assert (taken[0].slot, taken[0].attempt, taken[0].runner) == (slot, 2, "b")
-        await wait_until(lambda: taken[0].ended, 5, "the takeover to record its end")
+        await await_until(lambda: taken[0].ended, 5, "the takeover to record its end")
         runs = [r for r in await b.history("job") if r.slot == slot]
         assert [(r.attempt, r.status, r.meta) for r in runs] == [
             (2, "success", {"by": "takeover"}), (1, "interrupted", {})]

@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ import pytest
 from anarchon_core import Run
 from tests.stores import unavailable
 from tests.stores.redis import SHARED_URL as REDIS_URL
+from tests.stores.redis import free_port
 from tests.support.procs import grid_slots, now_ms, read_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -54,11 +56,11 @@ class Setup:
 class Worker:
     """One ``manage.py anarchon`` process, its log in a file."""
 
-    def __init__(self, setup: Setup, log: Path) -> None:
+    def __init__(self, setup: Setup, log: Path, *args: str) -> None:
         self.log_path = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "manage.py", "anarchon"], cwd=EXAMPLE, env=setup.env,
+                [sys.executable, "manage.py", "anarchon", *args], cwd=EXAMPLE, env=setup.env,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.instance_id = f"{os.uname().nodename}:{self.proc.pid}"
 
@@ -192,12 +194,18 @@ def test_exactly_once_across_three_workers_with_one_killed(deployment: Setup,
                                                            tmp_path: Path) -> None:
     migrate(deployment)
     with ExitStack() as stack:
-        workers = [Worker(deployment, tmp_path / f"worker{i}.log") for i in range(3)]
+        port = free_port()
+        workers = [Worker(deployment, tmp_path / f"worker{i}.log",
+                          *(["--metrics-port", str(port), "--metrics-addr", "127.0.0.1"]
+                            if i == 0 else [])) for i in range(3)]
         for worker in workers:
             stack.callback(worker.kill)
         wait_for(lambda: all(w.ready() for w in workers), 60, "3 workers to start")
         begin = now_ms() + 1_500
         time.sleep(3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            metrics = reply.read().decode()
+        assert 'anarchon_claims_total{job="tick"' in metrics, metrics[-2000:]
         victim: Worker | None = None
         killed_slot: int | None = None
         deadline = time.monotonic() + 20

@@ -30,10 +30,23 @@ from anarchon_core.cli.fleet import (
 
 T = TypeVar("T")
 
-__all__ = ["Cluster", "Instance", "JobSpec", "LedgerEntry", "OnceReport", "assert_exactly_once",
-           "assert_no_concurrent_execution",
-           "check_every_slot_runs_once", "grid_slots", "now_ms", "read_history", "read_ledger",
-           "start_instances", "wait_for"]
+__all__ = [
+    "Cluster",
+    "Instance",
+    "JobSpec",
+    "LedgerEntry",
+    "OnceReport",
+    "assert_exactly_once",
+    "assert_no_concurrent_execution",
+    "await_until",
+    "check_every_slot_runs_once",
+    "grid_slots",
+    "now_ms",
+    "read_history",
+    "read_ledger",
+    "start_instances",
+    "wait_for",
+]
 
 
 def read_history(url: str, job: str, limit: int = 10_000) -> list[Run]:
@@ -103,6 +116,16 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
         if value:
             return value
         time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def await_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """The asyncio twin of :func:`wait_for`: poll ``predicate`` without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -327,6 +327,25 @@ class RedisBackend(Backend):
         return {job: next(iter(await self.history(job, 1)), None)
                 for job in await self._jobs()}
 
+    async def write_control(self, name: str, value: str | None) -> None:
+        """Set (``HSET``) or delete (``HDEL``) a field of ``<prefix>control``."""
+        refuse_write(self, "write_control")
+        conn = await self._writes()
+        key = redis_key(self.prefix, "control")
+        if value is None:
+            await conn.call("HDEL", key, name)
+        else:
+            await conn.call("HSET", key, name, value)
+
+    async def read_controls(self, prefix: str) -> dict[str, str]:
+        """The fields of ``<prefix>control`` that start with ``prefix``."""
+        flat = await LuaScript.load("read_hash").run(
+            await self._connection(), [redis_key(self.prefix, "control")], [],
+            read_only=self.read_only)
+        pairs = [str(v) for v in flat or []]
+        return {name: value for name, value in zip(pairs[::2], pairs[1::2], strict=True)
+                if name.startswith(prefix)}
+
     async def runs(self, query: HistoryQuery) -> RunPage:
         """One page of history across the namespace's jobs, newest first."""
         names = [query.job] if query.job is not None else await self._jobs()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...decision import late_error
+from ...decision import late_error, not_run
 from ...errors import StoreError
 from ...models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from ...readmodel import load_meta
@@ -52,7 +52,9 @@ async def claim_only(conn: Commands, prefix: str, strategy: Strategy, req: Claim
     recorded, so later claims lose too, and answered ``late`` with a ``skipped`` result.
     Streams and results keep about ``history_size`` runs.
     """
-    max_late = -1 if req.max_late_ms is None else req.max_late_ms
+    # A missed request is "late" at once: it wins only a run nobody claimed, and records it.
+    max_late = 0 if req.missed is not None else -1 if req.max_late_ms is None \
+        else req.max_late_ms
     if req.manual:
         key = redis_key(prefix, "manual", req.job)
         reply = await LuaScript.load("manual_claim").run(
@@ -72,8 +74,9 @@ async def claim_only(conn: Commands, prefix: str, strategy: Strategy, req: Claim
     else:
         raise StoreError(f"strategy {strategy.name!r} does not claim without leases")
     if int(code) == 2:
+        status, error = not_run(req, int(now)) or ("skipped", late_error(req, int(now)))
         await claim_only_finish(conn, prefix, RunRef(req.job, req.slot, req.token),
-                                status="skipped", error=late_error(req, int(now)),
+                                status=status, error=error,
                                 history_size=history_size, check_owner=False)
     return _answer(req, int(code))
 
@@ -95,8 +98,7 @@ async def _idmp_claim(conn: Commands, key: str, strategy: Idmp, req: ClaimReques
         conn, [key], [entry_id, history_size])
     if token != req.token:
         return 0, int(now)
-    late = req.max_late_ms is not None and int(now) > req.slot + req.max_late_ms
-    return (2 if late else 1), int(now)
+    return (2 if not_run(req, int(now)) else 1), int(now)
 
 
 async def claim_only_finish(conn: Commands, prefix: str, ref: RunRef, *, status: str,

@@ -8,7 +8,8 @@ Redis Cluster keeps them on one node and each script touches one hash slot::
 
 The claim-only strategies use ``<prefix><job>:runs``, ``<prefix><job>:manual`` and
 ``<prefix><job>:results``; every strategy writes ``<prefix>format`` (the store format)
-and ``<prefix>jobs`` (a set of the namespace's job names, for listing them).
+and ``<prefix>jobs`` (a set of the namespace's job names, for listing them); pausing jobs and
+the fleet view write ``<prefix>control`` (a hash of the namespace's control records).
 
 ``<job>`` is the job name with ``:``, ``{``, ``}`` and ``%`` escaped as ``%3A``, ``%7B``,
 ``%7D`` and ``%25`` (:func:`job_key_part`); other names appear as they are. A prefix ends
@@ -23,7 +24,8 @@ from typing import Literal
 
 __all__ = ["CLAIM_PARTS", "LEASE_PARTS", "Part", "job_from_key_part", "job_key_part", "redis_key"]
 
-Part = Literal["state", "active", "slots", "runs", "results", "manual", "format", "jobs"]
+Part = Literal["state", "active", "slots", "runs", "results", "manual", "format", "jobs",
+               "control"]
 #: The keys of one job with the lease strategy, in the order the scripts take them.
 LEASE_PARTS: tuple[Part, ...] = ("state", "active", "slots", "runs", "results")
 #: The keys of one job with a claim-only strategy.
@@ -61,11 +63,12 @@ def redis_key(prefix: str, part: Part, job: str | None = None, *, tagged: bool =
     """The key of ``part`` for ``job`` in the namespace ``prefix``.
 
     ``tagged`` wraps ``<prefix><job>`` in a hash tag (the lease layout).
-    ``part="format"`` (the namespace's format record) and ``part="jobs"`` take no job.
+    ``part="format"`` (the namespace's format record), ``part="jobs"`` and
+    ``part="control"`` take no job.
     No two (job, part) pairs give the same key: parts hold no ``:`` or ``}``, so the part
     after the last separator decides.
     """
-    if part in ("format", "jobs"):
+    if part in ("format", "jobs", "control"):
         return f"{prefix}{part}"
     if job is None:
         raise ValueError(f"the {part!r} key belongs to a job")

@@ -17,7 +17,15 @@ from typing import Any
 
 from ...backend import Retention
 from ...errors import StoreError
-from ...models import ClaimOutcome, ClaimRequest, ClaimResult, ExpiredRun, Run, RunRef
+from ...models import (
+    RUN_STATUSES,
+    ClaimOutcome,
+    ClaimRequest,
+    ClaimResult,
+    ExpiredRun,
+    Run,
+    RunRef,
+)
 from ...readmodel import load_meta, read_status
 from ...schedules import ms_to_datetime
 from ..storeerrors import CorruptRecords
@@ -55,8 +63,10 @@ def _claim_call(prefix: str, req: ClaimRequest,
     numbers = (req.slot, int(req.manual), req.lease_ms, int(req.overlap), req.max_attempts,
                -1 if req.max_late_ms is None else req.max_late_ms, retention.keep_ms,
                retention.history_size, -1 if ttl is None else ttl)
-    return (_keys(prefix, req.job, *LEASE_PARTS),
-            [req.token, req.runner, " ".join(map(str, numbers))])
+    args = [req.token, req.runner, " ".join(map(str, numbers))]
+    if req.missed is not None:
+        args.append(req.missed)
+    return _keys(prefix, req.job, *LEASE_PARTS), args
 
 
 def _claim_result(conn: Commands, prefix: str, req: ClaimRequest, reply: Any) -> ClaimResult:
@@ -137,7 +147,7 @@ async def lease_expired(conn: Commands, prefix: str, job: str, limit: int) -> li
 
 
 _UNREADABLE = (TypeError, ValueError, KeyError, IndexError, OverflowError)
-_STATUSES = frozenset({"running", "success", "failed", "interrupted", "skipped"})
+_STATUSES = frozenset(RUN_STATUSES)
 
 
 def _record(text: Any) -> dict[str, Any]:

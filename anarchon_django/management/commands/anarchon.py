@@ -32,7 +32,7 @@ from anarchon_core import (
     StoreFormatError,
     StoreUnavailable,
 )
-from anarchon_core.cli.main import MAX_COUNT, count_arg
+from anarchon_core.cli.main import MAX_COUNT, add_metrics_options, count_arg
 
 from ... import conf, registry, runtime
 from ...views import STATUSES, local, not_set_up, store_error
@@ -104,6 +104,7 @@ class Command(BaseCommand):
         for p in (parser, *sub.choices.values()):
             p.add_argument("--timeout", type=_seconds, default=30.0,
                            help="seconds to wait for the store (default 30)")
+        add_metrics_options(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Dispatch to the subcommand."""
@@ -255,6 +256,10 @@ class Command(BaseCommand):
         """Run the project's scheduler until SIGTERM/SIGINT, then stop with hand-over."""
         _ensure_logging(options.get("verbosity", 1))
         scheduler = runtime.get_scheduler()
+        if options.get("metrics_port") is not None:
+            from anarchon_core.metrics.prometheus import serve_metrics  # noqa: PLC0415
+
+            serve_metrics(scheduler, options["metrics_port"], options["metrics_addr"])
         names = [j.name for j in scheduler.jobs()]
         if not names:
             log.warning("no jobs declared: add @anarchon_django.every/cron in an app's "

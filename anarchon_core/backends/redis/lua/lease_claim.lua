@@ -2,7 +2,8 @@
 -- KEYS: state (hash), active (set), slots (sorted set), runs (stream), results (sorted set)
 -- ARGV: token, runner, and the numbers in one space-separated argument (fewer arguments
 --       to encode on every claim): slot manual(0/1) lease_ms overlap(0/1) max_attempts
---       max_late_ms(-1: none) keep_ms history_size history_ttl_ms(-1: none)
+--       max_late_ms(-1: none) keep_ms history_size history_ttl_ms(-1: none); and, for a
+--       "missed" request (account for a slot nobody claimed; never run it), its reason
 -- Returns {outcome, attempt, lease_until_ms or "", {run_id, ...}}: the last item lists the
 -- runs whose state is corrupt (not JSON, unknown status) met on the way; they are skipped,
 -- never taken over, and the caller reports them.
@@ -25,7 +26,7 @@ local function decode(id, text)
   local ok, value = pcall(cjson.decode, text)
   if ok and type(value) == 'table' and tonumber(value.a) and
       (value.s == 'running' or value.s == 'success' or value.s == 'failed' or
-       value.s == 'interrupted' or value.s == 'skipped') then
+       value.s == 'interrupted' or value.s == 'skipped' or value.s == 'missed') then
     return value
   end
   corrupt[#corrupt + 1] = id
@@ -42,6 +43,8 @@ if raw then
   if s ~= 'running' then
     return {'done', tonumber(st.a), '', corrupt}
   end
+  -- a missed request never takes a run over
+  if ARGV[4] then return {'running', tonumber(st.a), st.l or '', corrupt} end
   -- the caller's own claim, retried after its answer was lost
   if st.t == ARGV[1] then return {'won', tonumber(st.a), st.l or '', corrupt} end
   if st.l and tonumber(st.l) > now then return {'running', tonumber(st.a), st.l, corrupt} end
@@ -78,13 +81,14 @@ local function end_attempt(cur, status, err)
     {run = run_id, a = cur.a, s = status, b = cur.b, f = now_s, r = cur.r, e = err}))
 end
 
-local function record_skip(err)
-  local rec = {a = '1', s = 'skipped', t = token, r = runner, b = now_s, f = now_s, e = err}
+local function record_skip(err, status)
+  status = status or 'skipped'
+  local rec = {a = '1', s = status, t = token, r = runner, b = now_s, f = now_s, e = err}
   redis.call('HSET', state_key, run_id, cjson.encode(rec))
   redis.call('ZADD', slots_key, slot_s, run_id)
   redis.call('ZADD', results_key, score, cjson.encode(
-    {run = run_id, a = '1', s = 'skipped', b = now_s, f = now_s, r = runner, e = err}))
-  log_attempt('1', 'skipped')
+    {run = run_id, a = '1', s = status, b = now_s, f = now_s, r = runner, e = err}))
+  log_attempt('1', status)
 end
 
 local function other_live()
@@ -154,6 +158,10 @@ end
 
 if not st then
   if manual ~= '1' and slot > now + EARLY_TOLERANCE_MS then return {'early', 0, '', corrupt} end
+  if ARGV[4] then
+    record_skip(ARGV[4], 'missed')
+    return {'late', 1, '', corrupt}
+  end
   if max_late >= 0 and now > slot + max_late then
     record_skip(string.format('late: first claimed %s ms after its time (max_late_ms=%s)',
                               num(now - slot), P[6]))

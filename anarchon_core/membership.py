@@ -1,0 +1,131 @@
+"""A scheduler's part in the fleet: its registry record and the paused jobs it honours.
+
+See :mod:`anarchon_core.fleet` for the records. While a scheduler runs, :meth:`loop`
+re-reads the paused jobs every couple of seconds and refreshes this instance's registry
+record; :meth:`leave` deletes the record on ``stop()``. On a store that keeps no control
+records (RabbitMQ, NATS) the loop logs that once and ends: nothing is paused there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+from .errors import ReadOnlyError, StoreUnavailable, UnsupportedStrategyError
+from .fleet import (
+    INSTANCE,
+    JOBS,
+    PAUSE_REFRESH_S,
+    PAUSED,
+    REGISTER_EVERY_S,
+    REGISTER_TTL_MS,
+    FleetStatus,
+    InstanceInfo,
+    PauseInfo,
+    assemble,
+    encode_jobs,
+)
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+__all__ = ["FleetMember"]
+
+log = logging.getLogger("anarchon.fleet")
+#: How long stop() waits for the registry record to be deleted (s).
+_LEAVE_TIMEOUT_S = 2.0
+
+
+class FleetMember:
+    """Keeps one scheduler's registry record and its view of the paused jobs."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        #: Jobs paused fleet-wide, as last read (refreshed every PAUSE_REFRESH_S).
+        self.paused: dict[str, PauseInfo] = {}
+        self._started_ms = 0
+        self._written_jobs: int | None = None
+        self._registered = False
+
+    async def read_paused(self) -> dict[str, PauseInfo]:
+        """The jobs paused fleet-wide, read now (and kept for the claims that follow)."""
+        records = await self._scheduler.backend.read_controls(PAUSED)
+        self.paused = {name[len(PAUSED):]: PauseInfo.decode(name[len(PAUSED):], text)
+                       for name, text in records.items()}
+        return dict(self.paused)
+
+    async def loop(self) -> None:
+        """Refresh the paused jobs and this instance's record until the scheduler stops."""
+        scheduler = self._scheduler
+        health = scheduler._health
+        self._started_ms = round(scheduler._now_ms())
+        next_register = 0.0
+        while not scheduler._stopping:
+            sent = time.monotonic()
+            try:
+                await self.read_paused()
+                if time.monotonic() >= next_register:
+                    await self._register()
+                    next_register = time.monotonic() + REGISTER_EVERY_S
+            except (UnsupportedStrategyError, ReadOnlyError) as exc:
+                log.info("no fleet registry or pausing here: %s", exc)
+                return
+            except StoreUnavailable as exc:
+                health.failed("control", exc, sent)
+            else:
+                health.succeeded("control", sent)
+            await asyncio.sleep(PAUSE_REFRESH_S * random.uniform(0.8, 1.2))
+
+    async def _register(self) -> None:
+        scheduler = self._scheduler
+        backend = scheduler.backend
+        instance_id = scheduler.instance_id
+        version, jobs = scheduler._jobs_version, scheduler._job_definitions()
+        if self._written_jobs != version:
+            await backend.write_control(JOBS + instance_id, encode_jobs(jobs))
+            self._written_jobs = version
+        now = round(scheduler._now_ms())
+        info = InstanceInfo(instance_id, _version(), self._started_ms, now,
+                            now + REGISTER_TTL_MS, len(jobs))
+        await backend.write_control(INSTANCE + instance_id, info.encode())
+        self._registered = True
+
+    async def leave(self) -> None:
+        """Delete this instance's records (bounded; an expired record is ignored anyway)."""
+        if not self._registered:
+            return
+        self._registered = False
+        instance_id = self._scheduler.instance_id
+        backend = self._scheduler.backend
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(
+                backend.write_control(INSTANCE + instance_id, None),
+                backend.write_control(JOBS + instance_id, None)), _LEAVE_TIMEOUT_S)
+        self._written_jobs = None
+
+    async def status(self) -> FleetStatus:
+        """Read the fleet view; expired records met on the way are deleted."""
+        scheduler = self._scheduler
+        backend = scheduler.backend
+        instances, jobs, paused, last = await asyncio.gather(
+            backend.read_controls(INSTANCE), backend.read_controls(JOBS),
+            backend.read_controls(PAUSED), backend.job_names())
+        view, stale = assemble(
+            round(scheduler._now_ms()),
+            {k[len(INSTANCE):]: v for k, v in instances.items()},
+            {k[len(JOBS):]: v for k, v in jobs.items()},
+            {k[len(PAUSED):]: v for k, v in paused.items()}, last)
+        if stale and not backend.read_only:
+            with contextlib.suppress(StoreUnavailable, ReadOnlyError):
+                await asyncio.gather(*(backend.write_control(name, None) for name in stale))
+        return view
+
+
+def _version() -> str:
+    from . import __version__  # noqa: PLC0415 - the package imports the scheduler first
+
+    return __version__
