@@ -61,51 +61,27 @@ _SETTLE_EVERY = 32
 
 
 class _Health:
-    """The store's state as this beat sees it; logs only when it changes.
+    """The beat's connection to the store while it starts: each change logged once.
 
-    While the store is down, records of the core's loggers caused by the outage (one per
-    slot and entry) are held back and counted; the change back is logged with the count.
+    Once connected, the core scheduler reports the store's outages itself (one line when
+    one starts, one when it ends), so nothing here repeats them.
     """
 
     def __init__(self, describe: str) -> None:
         self.describe = describe
         self.state = "connecting"
-        self.held_back = 0
-        self._lock = threading.Lock()
 
     def up(self) -> None:
-        with self._lock:
-            before, self.state = self.state, "up"
-            held, self.held_back = self.held_back, 0
-        if before == "down":
-            log.warning("anarchon store %s answers again%s", self.describe,
-                        f" ({held} claim errors held back meanwhile)" if held else "")
-        elif before == "connecting":
+        before, self.state = self.state, "up"
+        if before != "up":
             log.info("anarchon store %s connected", self.describe)
 
     def down(self, why: object) -> None:
-        with self._lock:
-            before, self.state = self.state, "down"
+        before, self.state = self.state, "down"
         if before != "down":
             log.error("anarchon store %s unreachable (%s); this beat keeps running and "
-                      "claims again once it answers (slots due meanwhile are sent by another "
-                      "beat, or skipped when too late)", self.describe, why)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """A logging filter: hold back the core's per-slot store errors during an outage."""
-        if record.levelno < logging.WARNING:
-            return True
-        args = record.args if isinstance(record.args, tuple) else ()
-        cause = next((a for a in args if isinstance(a, StoreUnavailable)), None)
-        if cause is None and record.exc_info and isinstance(record.exc_info[1],
-                                                            StoreUnavailable):
-            cause = record.exc_info[1]
-        if cause is None:
-            return True
-        self.down(cause)
-        with self._lock:
-            self.held_back += 1
-        return False
+                      "connects once it answers (slots due meanwhile are sent by another "
+                      "beat, or recorded missed when too late)", self.describe, why)
 
 
 class _Runner:
@@ -145,13 +121,12 @@ class _Runner:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopped.wait(), delay)
             delay = min(delay * 2, 30.0)
+        self.health.up()
         while not self.stopped.is_set():
             if self.core.running:
-                try:
-                    await asyncio.wait_for(self.core.backend.clock_ms(), _CALL_TIMEOUT_S)
-                    self.health.up()
-                except (StoreUnavailable, OSError, asyncio.TimeoutError) as exc:
-                    self.health.down(exc or "no answer")
+                # The core logs an outage once when it starts and once when it ends.
+                with contextlib.suppress(StoreUnavailable, OSError, asyncio.TimeoutError):
+                    await asyncio.wait_for(self.core.probe_store(), _CALL_TIMEOUT_S)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopped.wait(), _PROBE_S)
         await self.core.stop()
@@ -283,7 +258,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._registered: dict[str, Any] | None = None
         self._runner: _Runner | None = None
         self._health = _Health(self.settings.describe())
-        self._filtered: list[logging.Logger] = []
         self._publisher: _Publisher | None = None
         super().__init__(app, *args, **kwargs)
 
@@ -300,10 +274,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             serve_metrics(core, self.settings.metrics_port, self.settings.metrics_addr)
         self._sync_jobs()
         self._publisher = _Publisher(self.app, self._publish, self.settings.publish_threads)
-        for name in ("anarchon.scheduler", "anarchon.lease"):
-            logger = logging.getLogger(name)
-            logger.addFilter(self._health.filter)
-            self._filtered.append(logger)
         self._runner = _Runner(core, self._health)
         self._runner.start()
         log.info("anarchon beat %s: %d entries on %s", core.instance_id, len(self._specs),
@@ -361,9 +331,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         publisher, self._publisher = self._publisher, None
         if publisher is not None:
             publisher.close(_CLOSE_TIMEOUT_S)
-        for logger in self._filtered:
-            logger.removeFilter(self._health.filter)
-        self._filtered = []
         super().close()
 
     @property

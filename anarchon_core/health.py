@@ -22,6 +22,9 @@ __all__ = ["StoreHealth"]
 log = logging.getLogger("anarchon.store")
 #: Slots not run during one outage that are remembered (to be recorded ``missed``).
 MAX_MISSED_KEPT = 10_000
+#: After an outage ends, failures within this many seconds (stale connections of the
+#: outage) start a new outage quietly; it is logged only if it lasts this long.
+SETTLE_S = 10.0
 
 
 class StoreHealth:
@@ -34,6 +37,11 @@ class StoreHealth:
         #: Called after an outage with the (job, slot) pairs not run meanwhile.
         self.on_recovered = on_recovered
         self._missed_slots: list[tuple[str, int]] = []
+        #: A failure before this instant (monotonic) follows a recovery closely: the stale
+        #: pooled connections of the outage failing one by one, not a new outage worth a
+        #: line. Such a blip is logged at DEBUG unless it lasts.
+        self._settling_until = 0.0
+        self._quiet = False
         #: ``time.monotonic()`` of the first failure of the current outage (None: up).
         self.down_since: float | None = None
         self._failed_calls = 0
@@ -69,9 +77,12 @@ class StoreHealth:
             jobs = ", ".join(f"{job} ×{n}" for job, n in missed.most_common(5))
             more = f" and {len(missed) - 5} more job(s)" if len(missed) > 5 else ""
             unrun = f"; {sum(missed.values())} slot(s) not run meanwhile: {jobs}{more}"
-        log.warning("store %s reachable again after %.1f s (%d call(s) failed%s)",
-                    self._describe, length, failed, unrun,
-                    extra={"outage_s": round(length, 3), "failed_calls": failed})
+        quiet, self._quiet = self._quiet and length < SETTLE_S, False
+        log.log(logging.DEBUG if quiet else logging.WARNING,
+                "store %s reachable again after %.1f s (%d call(s) failed%s)",
+                self._describe, length, failed, unrun,
+                extra={"outage_s": round(length, 3), "failed_calls": failed})
+        self._settling_until = time.monotonic() + SETTLE_S
         events.emit(EventKind.STORE_RECOVERED, call=call, duration_ms=length * 1000)
         if slots and self.on_recovered is not None:
             self.on_recovered(slots)
@@ -84,11 +95,18 @@ class StoreHealth:
                         duration_ms=(time.monotonic() - started) * 1000, error=str(error))
         self._failed_calls += 1
         if self.down_since is not None:
+            if self._quiet and time.monotonic() - self.down_since >= SETTLE_S:
+                # The blip lasts: it is an outage after all, say so once.
+                self._quiet = False
+                log.warning("store %s unreachable (%s: %s); calls are retried, the next "
+                            "line comes when it answers again", self._describe, call, error,
+                            extra={"call": call})
             return False
         self.down_since = time.monotonic()
-        log.warning("store %s unreachable (%s: %s); calls are retried, the next line comes "
-                    "when it answers again", self._describe, call, error,
-                    extra={"call": call})
+        self._quiet = self.down_since < self._settling_until
+        log.log(logging.DEBUG if self._quiet else logging.WARNING,
+                "store %s unreachable (%s: %s); calls are retried, the next line comes "
+                "when it answers again", self._describe, call, error, extra={"call": call})
         events.emit(EventKind.STORE_ERROR, call=call, error=str(error))
         return True
 

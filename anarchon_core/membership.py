@@ -15,7 +15,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from .errors import ReadOnlyError, StoreUnavailable, UnsupportedStrategyError
+from .errors import ReadOnlyError, StoreError, StoreUnavailable, UnsupportedStrategyError
 from .fleet import (
     INSTANCE,
     JOBS,
@@ -64,6 +64,7 @@ class FleetMember:
         health = scheduler._health
         self._started_ms = round(scheduler._now_ms())
         next_register = 0.0
+        warned = False
         while not scheduler._stopping:
             sent = time.monotonic()
             try:
@@ -76,8 +77,13 @@ class FleetMember:
                 return
             except StoreUnavailable as exc:
                 health.failed("control", exc, sent)
+            except StoreError as exc:  # e.g. a record the store refused: say it, go on
+                if not warned:
+                    log.warning("fleet registry or paused jobs not readable: %s", exc)
+                    warned = True
             else:
                 health.succeeded("control", sent)
+                warned = False
             await asyncio.sleep(PAUSE_REFRESH_S * random.uniform(0.8, 1.2))
 
     async def _register(self) -> None:

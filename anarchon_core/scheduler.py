@@ -238,6 +238,23 @@ class Scheduler:
         """Stop calling ``listener``; False if it was not added."""
         return self._events.remove(listener)
 
+    async def probe_store(self) -> float:
+        """Ask the store for its clock (a cheap liveness probe); the round trip in ms.
+
+        Counts toward the store's health like every other call (one log line when an
+        outage starts, one when it ends) and raises
+        :class:`~anarchon_core.StoreUnavailable` when the store does not answer.
+        """
+        await self._open_backend()
+        sent = time.monotonic()
+        try:
+            await self.backend.clock_ms()
+        except StoreUnavailable as exc:
+            self._health.failed("clock", exc, sent)
+            raise
+        self._health.succeeded("clock", sent)
+        return (time.monotonic() - sent) * 1000
+
     @property
     def store_down(self) -> bool:
         """True from a failed store call until the next one that succeeds."""
