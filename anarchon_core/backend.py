@@ -170,6 +170,21 @@ class Backend(abc.ABC):
         """Every job the store holds runs of, by name, with its newest attempt."""
         raise NotImplementedError(f"{type(self).__name__} cannot list jobs yet")
 
+    async def newest_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """The newest scheduled (not manual) slot each job has a record of (None: none).
+
+        The scheduler reads it on start to account for slots due while every instance was
+        down. The default reads each job's history; SQL stores answer in one round trip.
+        """
+        async def newest(job: str) -> int | None:
+            runs = await self.history(job, 1)
+            if runs and runs[0].manual:
+                runs = [r for r in await self.history(job, 50) if not r.manual]
+            return runs[0].slot if runs else None
+
+        found = await asyncio.gather(*(newest(job) for job in jobs))
+        return dict(zip(jobs, found, strict=True))
+
     async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
         """Runs of ``job`` still ``running`` whose lease expired (by the store's clock).
 

@@ -990,12 +990,13 @@ class Scheduler:
             chunk = firing[first:first + _MISSED_SCAN_CHUNK]
             now = round(self._now_ms())
             try:
-                lasts = await asyncio.gather(*(self._last_scheduled(j.name) for j in chunk))
+                newest = await self.backend.newest_slots([j.name for j in chunk])
             except StoreUnavailable as exc:
                 log.debug("downtime accounting skipped: %s", exc)
                 return
-            pending = [(job, slot) for job, last in zip(chunk, lasts, strict=True)
-                       if last is not None and job.schedule is not None
+            pending = [(job, slot) for job in chunk
+                       if (last := newest.get(job.name)) is not None
+                       and job.schedule is not None
                        for slot in _slots_between(job.schedule, last, now, _MISSED_PER_JOB)]
             if not pending:
                 continue
@@ -1003,13 +1004,6 @@ class Scheduler:
                          + j.options.jitter_ms for j, slot in pending) + _MISSED_MARGIN_MS
             await asyncio.sleep(max(0.0, closes - self._now_ms()) / 1000)
             await self._record_missed(pending, MISSED_DOWN)
-
-    async def _last_scheduled(self, name: str) -> int | None:
-        """The newest scheduled slot of ``name`` in the store (None: a new job)."""
-        runs = await self.backend.history(name, 1)
-        if runs and runs[0].manual:
-            runs = [r for r in await self.backend.history(name, 50) if not r.manual]
-        return runs[0].slot if runs else None
 
     def _on_store_recovered(self, slots: list[tuple[str, int]]) -> None:
         with self._jobs_lock:

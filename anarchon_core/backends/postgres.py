@@ -42,7 +42,7 @@ import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
 
@@ -76,6 +76,7 @@ from .sqlstore import (
     expired_steps,
     history_steps,
     job_names_steps,
+    newest_slots_steps,
     ref_params,
     run_rounds,
     runs_steps,
@@ -453,6 +454,11 @@ class PostgresBackend(Backend):
         """Every job in the table with its newest attempt."""
         await self._ensure_started()
         return await self._run(job_names_steps, what="job list read")
+
+    async def newest_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """The newest scheduled slot of each job, in one transaction."""
+        await self._ensure_started()
+        return await self._run(lambda: newest_slots_steps(jobs), what="newest slots read")
 
     async def write_control(self, name: str, value: str | None) -> None:
         """Set or delete a control record (a ``control:`` row of the meta table)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +48,7 @@ from .sqlstore import (
     expired_steps,
     history_steps,
     job_names_steps,
+    newest_slots_steps,
     ref_params,
     run_rounds,
     runs_steps,
@@ -364,6 +365,10 @@ class SqliteBackend(Backend):
     async def job_names(self) -> dict[str, Run | None]:
         """Every job in the table with its newest attempt."""
         return await self._read(job_names_steps)
+
+    async def newest_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """The newest scheduled slot of each job, in one read transaction."""
+        return await self._read(lambda: newest_slots_steps(jobs))
 
     async def write_control(self, name: str, value: str | None) -> None:
         """Set or delete a control record (a ``control:`` row of the meta table)."""

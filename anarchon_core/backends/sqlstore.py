@@ -49,8 +49,8 @@ from .storeerrors import CorruptRecords
 
 __all__ = ["Batched", "Last", "SqlQueries", "Step", "Steps", "Update", "check_format",
            "claim_batch_steps", "claim_steps", "control_read_steps", "control_write_steps",
-           "expired_steps", "job_names_steps", "rows_to_runs", "run_rounds", "runs_steps",
-           "update_batch_steps"]
+           "expired_steps", "job_names_steps", "newest_slots_steps", "rows_to_runs",
+           "run_rounds", "runs_steps", "update_batch_steps"]
 
 log = logging.getLogger("anarchon.sql")
 #: Rows anarchon cannot read are reported once each, then skipped quietly.
@@ -129,6 +129,8 @@ _TEMPLATES: dict[str, str] = {
                 PARTITION BY job ORDER BY slot DESC, manual DESC, attempt DESC) AS newest
             FROM {{runs}} r) ranked
         WHERE newest = 1 ORDER BY job""",
+    "newest_slot": """
+        SELECT max(slot) FROM {runs} WHERE job = :job AND manual = 0""",
     "expired": """
         SELECT slot, attempt, manual, lease_until FROM {runs}
         WHERE job = :job AND status = 'running' AND lease_until <= :now
@@ -561,6 +563,14 @@ def control_read_steps(prefix: str) -> Generator[Step, Any, dict[str, str]]:
     key = CONTROL_PREFIX + prefix
     rows = yield Step("control_read", {"prefix": key, "length": len(key)})
     return {str(name)[len(CONTROL_PREFIX):]: str(value) for name, value in rows}
+
+
+def newest_slots_steps(jobs: Sequence[str]
+                       ) -> Generator[list[Step], Any, dict[str, int | None]]:
+    """The newest scheduled slot of each job, one statement each, all in one round trip."""
+    replies = yield [Step("newest_slot", {"job": job}) for job in jobs]
+    return {job: int(rows[0][0]) if rows and rows[0][0] is not None else None
+            for job, rows in zip(jobs, replies, strict=True)}
 
 
 def job_names_steps() -> Generator[Step, Any, dict[str, Run | None]]:

@@ -74,3 +74,18 @@ async def test_claim_only_stores_record_a_missed_slot_once(claim_backend: Backen
     assert [a.outcome.value for a in answers] == ["late", "taken", "taken"]
     await assert_recorded_once(backend, slot, {"i0"})
     assert (await backend.claim(normal(slot, "z"))).outcome is ClaimOutcome.TAKEN
+
+
+async def test_newest_slots_name_each_jobs_newest_scheduled_slot(lease_backend: Backend) -> None:
+    backend = lease_backend
+    now = await backend.clock_ms()
+    old, newer = normal(now - 20_000, "a"), normal(now - 10_000, "a")
+    assert (await backend.claim(old)).won
+    assert await backend.finish(RunRef("job", old.slot, old.token, 1), "success")
+    assert (await backend.claim(newer)).won
+    manual = ClaimRequest(job="job", slot=now - 1_000, token=new_token(), runner="a",
+                          manual=True, overlap=True, max_attempts=1)
+    assert (await backend.claim(manual)).won  # a manual run is not a scheduled slot
+    assert (await backend.claim(normal(now - 5_000, "a", job="other"))).won
+    assert await backend.newest_slots(["job", "other", "never-ran"]) == {
+        "job": newer.slot, "other": now - 5_000, "never-ran": None}

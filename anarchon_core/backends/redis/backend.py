@@ -327,6 +327,35 @@ class RedisBackend(Backend):
         return {job: next(iter(await self.history(job, 1)), None)
                 for job in await self._jobs()}
 
+    async def newest_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
+        """The newest scheduled slot of each job: the top of ``{..}:slots``, pipelined.
+
+        Manual runs are listed there as ``m<slot>``; the first member that is not one is
+        the newest scheduled slot (five looked at, then the history as a fallback).
+        """
+        if not self.supports_leases:
+            return await super().newest_slots(jobs)
+        conn = await self._connection()
+        replies = await conn.call_many([
+            ("ZREVRANGEBYSCORE", redis_key(self.prefix, "slots", job, tagged=True), "+inf",
+             "-inf", "LIMIT", 0, 5) for job in jobs])
+        out: dict[str, int | None] = {}
+        fallback = []
+        for job, reply in zip(jobs, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            members = [str(m) for m in reply or []]
+            scheduled = next((m for m in members if not m.startswith("m")), None)
+            if scheduled is not None and scheduled.isdigit():
+                out[job] = int(scheduled)
+            elif len(members) < 5:
+                out[job] = None
+            else:
+                fallback.append(job)
+        if fallback:
+            out.update(await super().newest_slots(fallback))
+        return out
+
     async def write_control(self, name: str, value: str | None) -> None:
         """Set (``HSET``) or delete (``HDEL``) a field of ``<prefix>control``."""
         refuse_write(self, "write_control")
