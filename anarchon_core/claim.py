@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import Cancelled, LeaseLost, StoreUnavailable
-from .events import EventBus, EventKind
+from .events import EventBus, EventKind, run_fields
 from .health import StoreHealth
 from .models import RunRef, validate_meta
 from .schedules import ms_to_datetime
@@ -477,9 +477,7 @@ class ClaimHandle:
         return f"{self.ref.job} slot {self.ref.slot} attempt {self.ref.attempt}"
 
     def _fields(self) -> dict[str, Any]:
-        ref = self.ref
-        return {"job": ref.job, "slot": ref.slot, "attempt": ref.attempt,
-                "instance": self.runner}
+        return run_fields(self.ref.job, self.ref.slot, self.ref.attempt, self.runner)
 
     def _emit(self, kind: EventKind, **fields: Any) -> None:
         if self._events:

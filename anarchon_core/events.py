@@ -28,7 +28,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["MAX_PENDING", "Event", "EventBus", "EventKind", "Listener"]
+__all__ = ["MAX_PENDING", "Event", "EventBus", "EventKind", "Listener", "run_fields"]
 
 log = logging.getLogger("anarchon.events")
 
@@ -174,6 +174,11 @@ class EventBus:
         self._pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("event listener failed", exc_info=task.exception())
+
+
+def run_fields(job: str, slot: int, attempt: int | None, instance: str) -> dict[str, Any]:
+    """A run's identity as ``extra`` for a log record (``record.job``, ``record.slot``...)."""
+    return {"job": job, "slot": slot, "attempt": attempt, "instance": instance}
 
 
 def _kind(value: EventKind | str) -> EventKind:

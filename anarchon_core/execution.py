@@ -22,6 +22,7 @@ from typing import Any
 from .claim import LEASE_LOST, STOPPING, TIMEOUT, ClaimHandle
 from .context import JobContext
 from .errors import Cancelled
+from .events import run_fields
 from .models import Run
 from .schedules import ms_to_datetime
 
@@ -104,9 +105,8 @@ class Attempt:
         ref = self.handle.ref
         if log.isEnabledFor(logging.INFO):
             log.info("%s slot %s attempt %s: started on %s", ref.job, ref.slot, ref.attempt,
-                     self.instance_id, extra={"job": ref.job, "slot": ref.slot,
-                                              "attempt": ref.attempt,
-                                              "instance": self.instance_id})
+                     self.instance_id,
+                     extra=run_fields(ref.job, ref.slot, ref.attempt, self.instance_id))
         self._code = code = self._start()
         self.handle.add_cancel_callback(self._on_cancel)
         timeout = self.timeout_ms / 1000 if self.timeout_ms is not None else None

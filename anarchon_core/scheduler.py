@@ -28,6 +28,7 @@ from .decision import EARLY_TOLERANCE_MS, OVERLAP_SKIP, late_error
 from .durations import Duration
 from .errors import ConfigError, StoreUnavailable
 from .events import EventBus, EventKind, Listener
+from .events import run_fields as _fields
 from .execution import Attempt, Handler
 from .fleet import PAUSED, FleetStatus, JobDefinition, PauseInfo, check_job_name, validate_reason
 from .health import StoreHealth
@@ -1084,7 +1085,7 @@ class Scheduler:
             # be one per slot of every job.
             log.log(logging.DEBUG if self._health.down else logging.INFO,
                     "%s slot %s: skipped (%s)", job.name, slot, outcome.reason,
-                    extra={"job": job.name, "slot": slot, "instance": self.instance_id})
+                    extra=_fields(job.name, slot, None, self.instance_id))
         else:
             log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
 
@@ -1095,16 +1096,8 @@ class Scheduler:
             return
         if isinstance(outcome, ClaimHandle):
             await self._run_handle(job, outcome)
-        elif outcome.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
-            await self._watch(job, slot, manual=False)
-        elif outcome.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
-            # While the store is down the recovery line counts these; one line each would
-            # be one per slot of every job.
-            log.log(logging.DEBUG if self._health.down else logging.INFO,
-                    "%s slot %s: skipped (%s)", job.name, slot, outcome.reason,
-                    extra={"job": job.name, "slot": slot, "instance": self.instance_id})
         else:
-            log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
+            self._on_not_claimed(job, slot, outcome)
 
     async def _watch(self, job: _Job, slot: int, *, manual: bool) -> None:
         """Be a backup: re-claim every 1–2 heartbeats until the run ends or we take over.
@@ -1315,11 +1308,6 @@ def _as_slot(value: datetime | int, what: str) -> int:
 
 def _iso(slot: int) -> str:
     return ms_to_datetime(slot).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _fields(job: str, slot: int, attempt: int, instance: str) -> dict[str, Any]:
-    """A run's identity as ``extra`` for a log record (``record.job``, ``record.slot``...)."""
-    return {"job": job, "slot": slot, "attempt": attempt, "instance": instance}
 
 
 def _log_crash(task: asyncio.Future[Any]) -> None:
