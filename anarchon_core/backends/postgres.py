@@ -573,6 +573,62 @@ def _head(conn: psycopg.BaseConnection[Any], settings: dict[str, str] | None,
     return head
 
 
+@dataclass(frozen=True)
+class _Send:
+    """One message of a transaction: its text, and what to keep of each statement's result.
+
+    ``keep`` holds, per statement, None (nothing: ``BEGIN`` and the timeouts), True (its
+    rows) or False (its row count).
+    """
+
+    text: str
+    keep: list[bool | None]
+
+
+def _messages(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
+              queries: dict[str, str], steps: Steps[T], head: list[str]
+              ) -> Generator[_Send, list[Any], T]:
+    """The messages of ``steps``' transaction; each is sent back the replies it kept.
+
+    No I/O here: :func:`_drive_async` and :func:`_drive_sync` send each message and read
+    its results, so both drivers run the same transaction. The value is the steps' result,
+    returned once the message carrying ``COMMIT`` has been answered.
+    """
+    reply: Any = None
+    for _ in range(MAX_YIELDS):
+        try:
+            item = steps.send(reply)
+        except StopIteration as done:
+            yield _Send(_message(cur, queries, head, [], commit=True), [])
+            result: T = done.value
+            return result
+        batch, last = _as_list(item), isinstance(item, Last)
+        text = _message(cur, queries, head, batch, commit=last)
+        replies: list[Any] = []
+        if text:
+            replies = yield _Send(text, [None] * len(head) + [step.rows for step in batch])
+        head = []
+        reply = replies if isinstance(item, list) else replies[0]
+        if last:
+            return _finish_steps(steps, replies)
+    raise _too_many()
+
+
+def _walk_results(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
+                  keep: list[bool | None]) -> Generator[bool, Any, list[Any]]:
+    """Walk the results of one message: yields where rows must be fetched, and is sent them.
+
+    Fetching is the one call that differs between the two drivers (awaited or not).
+    """
+    replies: list[Any] = []
+    for i, rows in enumerate(keep):
+        if i and not cur.nextset():
+            raise psycopg.InterfaceError("fewer results than statements")
+        if rows is not None:
+            replies.append((yield True) if rows else cur.rowcount)
+    return replies
+
+
 async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, str],
                        steps: Steps[T], settings: dict[str, str] | None) -> T:
     """Run ``steps`` in one transaction; return only once the COMMIT has succeeded.
@@ -582,32 +638,21 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, st
     """
     _check_idle(conn)
     cur = psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
-    head = _head(conn, settings, cur)
+    messages = _messages(cur, queries, steps, _head(conn, settings, cur))
     try:
-        reply: Any = None
-        for _ in range(MAX_YIELDS):
+        send = next(messages)
+        while True:
+            await cur.execute(send.text)
+            walk = _walk_results(cur, send.keep)
             try:
-                item = steps.send(reply)
-            except StopIteration as done:
-                await cur.execute(_message(cur, queries, head, [], commit=True))
-                result: T = done.value
-                return result
-            batch, last = _as_list(item), isinstance(item, Last)
-            text = _message(cur, queries, head, batch, commit=last)
-            replies: list[Any] = []
-            if text:
-                await cur.execute(text)
-                for i in range(len(head) + len(batch)):
-                    if i and not cur.nextset():
-                        raise psycopg.InterfaceError("fewer results than statements")
-                    if i >= len(head):
-                        step = batch[i - len(head)]
-                        replies.append(await cur.fetchall() if step.rows else cur.rowcount)
-            head = []
-            reply = replies if isinstance(item, list) else replies[0]
-            if last:
-                return _finish_steps(steps, replies)
-        raise _too_many()
+                walk.send(None)
+                while True:
+                    walk.send(await cur.fetchall())
+            except StopIteration as read:
+                send = messages.send(read.value)
+    except StopIteration as done:
+        result: T = done.value
+        return result
     except BaseException as exc:
         await _rollback_async(conn)
         if isinstance(exc, psycopg.Error) and (lost := _lost(exc, conn)) is not exc:
@@ -632,32 +677,21 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
     """The blocking twin of :func:`_drive_async`, for a user's synchronous connection."""
     _check_idle(conn)
     cur = psycopg.ClientCursor(conn, row_factory=tuple_row)
-    head = _head(conn, settings, cur)
+    messages = _messages(cur, queries, steps, _head(conn, settings, cur))
     try:
-        reply: Any = None
-        for _ in range(MAX_YIELDS):
+        send = next(messages)
+        while True:
+            cur.execute(send.text)
+            walk = _walk_results(cur, send.keep)
             try:
-                item = steps.send(reply)
-            except StopIteration as done:
-                cur.execute(_message(cur, queries, head, [], commit=True))
-                result: T = done.value
-                return result
-            batch, last = _as_list(item), isinstance(item, Last)
-            text = _message(cur, queries, head, batch, commit=last)
-            replies: list[Any] = []
-            if text:
-                cur.execute(text)
-                for i in range(len(head) + len(batch)):
-                    if i and not cur.nextset():
-                        raise psycopg.InterfaceError("fewer results than statements")
-                    if i >= len(head):
-                        step = batch[i - len(head)]
-                        replies.append(cur.fetchall() if step.rows else cur.rowcount)
-            head = []
-            reply = replies if isinstance(item, list) else replies[0]
-            if last:
-                return _finish_steps(steps, replies)
-        raise _too_many()
+                walk.send(None)
+                while True:
+                    walk.send(cur.fetchall())
+            except StopIteration as read:
+                send = messages.send(read.value)
+    except StopIteration as done:
+        result: T = done.value
+        return result
     except BaseException as exc:
         _rollback_sync(conn)
         if isinstance(exc, psycopg.Error) and (lost := _lost(exc, conn)) is not exc:

@@ -139,7 +139,7 @@ def now_ms() -> int:
     return round(time.time() * 1000)
 
 
-def check_every_slot_runs_once(url: str, workdir: Path, *, seconds: float = 15,
+def check_every_slot_runs_once(url: str, workdir: Path, *, seconds: float = 10,
                                instances: int = 4) -> dict[str, list[Run]]:
     """4 instances, two ``every("1s")`` jobs (async and sync) for ``seconds``: every grid
     slot in the window ran exactly once by the ledger and by history, and jitter spread
