@@ -354,7 +354,10 @@ def whole_periods(measure_s: float, period: float) -> float:
 
 
 def sleep_to_mid_period(period: float) -> None:
-    """Wait for the middle of a grid period, away from the bursts at its edges."""
+    """Wait for the middle of the next grid period, away from the bursts at its edges.
+
+    Called after the first send: the first burst is over by then.
+    """
     now = time.time()
     time.sleep((int(now / period) + 1) * period + period / 2 - now)
 
@@ -371,7 +374,6 @@ def publish_floor(workdir: Path, broker: str, entries: int, measure_s: float,
     proc = subprocess.Popen([sys.executable, "publish_loop.py"], cwd=fleet.dir, env=env)
     try:
         wait_first_sends([fleet], 60)
-        time.sleep(period)
         sleep_to_mid_period(period)
         cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(whole_periods(measure_s, period))
@@ -391,7 +393,6 @@ def thousand_entries(workdir: Path, broker: str, entries: int, measure_s: float,
         try:
             fleet.start(1)
             wait_first_sends([fleet], 90)
-            time.sleep(period)
             sleep_to_mid_period(period)
             pid = fleet.procs[0].pid
             cpu0, lo = cpu_seconds(pid), int(time.time() * 1000)
