@@ -50,13 +50,20 @@ async def test_a_missed_slot_is_recorded_once_by_the_first_instance(
     await assert_recorded_once(backend, slot, {"i0", "i1", "i2"})
 
 
+async def finish_one_and_leave_one_running(backend: Backend, finished: ClaimRequest,
+                                           running: ClaimRequest) -> None:
+    """Win ``finished`` and record its success; win ``running`` and leave it running."""
+    assert (await backend.claim(finished)).won
+    assert await backend.finish(RunRef(finished.job, finished.slot, finished.token, 1),
+                                "success")
+    assert (await backend.claim(running)).won
+
+
 async def test_a_missed_request_leaves_existing_runs_alone(lease_backend: Backend) -> None:
     backend = lease_backend
     now = await backend.clock_ms()
     running, finished = normal(now - 5_000, "a"), normal(now - 10_000, "a")
-    assert (await backend.claim(finished)).won
-    assert await backend.finish(RunRef("job", finished.slot, finished.token, 1), "success")
-    assert (await backend.claim(running)).won
+    await finish_one_and_leave_one_running(backend, finished, running)
     assert (await backend.claim(missed(running.slot, "b"))).outcome is ClaimOutcome.RUNNING
     assert (await backend.claim(missed(finished.slot, "b"))).outcome is ClaimOutcome.DONE
     await asyncio.sleep(0.7)  # the running run's lease lapses: still not taken over
@@ -80,9 +87,7 @@ async def test_newest_slots_name_each_jobs_newest_scheduled_slot(lease_backend: 
     backend = lease_backend
     now = await backend.clock_ms()
     old, newer = normal(now - 20_000, "a"), normal(now - 10_000, "a")
-    assert (await backend.claim(old)).won
-    assert await backend.finish(RunRef("job", old.slot, old.token, 1), "success")
-    assert (await backend.claim(newer)).won
+    await finish_one_and_leave_one_running(backend, old, newer)
     manual = ClaimRequest(job="job", slot=now - 1_000, token=new_token(), runner="a",
                           manual=True, overlap=True, max_attempts=1)
     assert (await backend.claim(manual)).won  # a manual run is not a scheduled slot
