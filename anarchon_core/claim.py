@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import Cancelled, LeaseLost, StoreUnavailable
 from .events import EventBus, EventKind, run_fields
 from .health import StoreHealth
+from .keeperstarts import KeeperStarts
 from .models import RunRef, validate_meta
 from .schedules import ms_to_datetime
+from .waits import until_done
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -121,19 +123,22 @@ class ClaimHandle:
         self._next_beat = sent_at + (self.timings.heartbeat_ms / 1000 if self.timings else 0)
         self._beat: asyncio.Task[None] | None = None
         self._beat_failures = 0
-        self._changed = asyncio.Event()
+        #: Wakes the keeper (made with it: most runs end before it starts).
+        self._changed: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
         #: An end record (finish/release) is on its way: a heartbeat refused meanwhile is
         #: the store seeing that end, not another attempt.
         self._ending = False
-        self._keeper_start: asyncio.TimerHandle | None = None
+        #: The handles whose keeper starts with this one's (see keeperstarts); None once
+        #: started or no longer wanted.
+        self._keeper_start: set[Any] | None = None
         if self.timings is not None:
             # Most runs end before their first heartbeat is due: the keeper task starts
             # only then (and always before the fence deadline, which it watches).
             delay = max(0.0, min(self._next_beat, self._confirmed_until - self._margin_s)
                         - time.monotonic())
-            self._keeper_start = self.loop.call_later(delay, self._start_keeper)
+            self._keeper_start = KeeperStarts.for_loop(self.loop).add(self, delay)
 
     # ------------------------------------------------------------------ identity
 
@@ -230,7 +235,7 @@ class ClaimHandle:
         log.warning("%s: fenced (%s); cancelling", self._label(), why, extra=self._fields())
         self.cancel(LEASE_LOST)
         self._emit(EventKind.FENCED, reason=why)
-        self._changed.set()
+        self._wake_keeper()
         if self._beat is not None:
             self._beat.cancel()
 
@@ -239,6 +244,7 @@ class ClaimHandle:
     async def _keep(self) -> None:
         assert self.timings is not None
         period = self.timings.heartbeat_ms / 1000
+        changed = self._changed = asyncio.Event()
         while not self._closing:
             now = time.monotonic()
             deadline = self._confirmed_until - self._margin_s
@@ -252,8 +258,8 @@ class ClaimHandle:
             if self._beat is None and now >= self._next_beat:
                 self._beat = asyncio.ensure_future(self._heartbeat_once(period))
             wake_at = deadline if self._beat is not None else min(deadline, self._next_beat)
-            self._changed.clear()
-            waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._changed.wait())}
+            changed.clear()
+            waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(changed.wait())}
             if self._beat is not None:
                 waiters.add(self._beat)
             try:
@@ -294,7 +300,7 @@ class ClaimHandle:
         else:
             # Try again soon: every confirmed heartbeat pushes the fence further away.
             self._next_beat = time.monotonic() + min(period, retry_delay(self._beat_failures))
-        self._changed.set()
+        self._wake_keeper()
 
     async def check_lease(self) -> None:
         """Heartbeat now; raise :class:`LeaseLost` if another attempt has taken over.
@@ -338,8 +344,7 @@ class ClaimHandle:
             # Recording the end of code that has returned: late is still useful (the store
             # refuses it if another attempt took over), only a hung call is cut.
             timeout = max(timeout, self.timings.heartbeat_ms / 1000, _END_CALL_S)
-        done, _ = await asyncio.wait({task}, timeout=timeout)
-        if not done:
+        if not await until_done(task, timeout):
             task.cancel()  # some clients ignore it; the reply, if any, is dropped
             task.add_done_callback(_consume)
             raise StoreUnavailable(f"{self._label()}: {what} got no answer before the lease "
@@ -434,6 +439,10 @@ class ClaimHandle:
             self._emit(EventKind.HANDED_OVER)
         return True
 
+    def _wake_keeper(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
     def _start_keeper(self) -> None:
         self._keeper_start = None
         if not self._closing:
@@ -442,9 +451,9 @@ class ClaimHandle:
     def _stop_keeping(self) -> None:
         self._closing = True
         if self._keeper_start is not None:
-            self._keeper_start.cancel()
+            self._keeper_start.discard(self)
             self._keeper_start = None
-        self._changed.set()
+        self._wake_keeper()
         if self._beat is not None:
             self._beat.cancel()
             self._beat.add_done_callback(_consume)

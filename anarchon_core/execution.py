@@ -25,6 +25,7 @@ from .errors import Cancelled
 from .events import run_fields
 from .models import Run
 from .schedules import ms_to_datetime
+from .waits import until_done
 
 __all__ = ["Attempt", "Handler"]
 
@@ -86,7 +87,7 @@ class Attempt:
 
     def _start(self) -> asyncio.Future[Any]:
         if self.is_async:
-            return asyncio.ensure_future(self.handler(self.ctx))
+            return asyncio.get_running_loop().create_task(self.handler(self.ctx))
         loop = asyncio.get_running_loop()
         thread_future = self.threads.submit(self.handler, self.ctx)
         code = asyncio.wrap_future(thread_future, loop=loop)
@@ -101,6 +102,11 @@ class Attempt:
         return asyncio.ensure_future(returned())
 
     async def run(self) -> Run:
+        """Run the handler to its end, record the outcome (unless fenced); the Run."""
+        await self.run_to_end()
+        return self.as_run()
+
+    async def run_to_end(self) -> None:
         """Run the handler to its end, then record the outcome (unless fenced)."""
         ref = self.handle.ref
         if log.isEnabledFor(logging.INFO):
@@ -111,7 +117,7 @@ class Attempt:
         self.handle.add_cancel_callback(self._on_cancel)
         timeout = self.timeout_ms / 1000 if self.timeout_ms is not None else None
         try:
-            await asyncio.wait({code}, timeout=timeout)
+            await until_done(code, timeout)
             if not code.done() and self.handle.cancel_reason is None:
                 self.handle.cancel(TIMEOUT)
             await self._until_code_returns(code)
@@ -129,12 +135,11 @@ class Attempt:
         except Exception:
             log.exception("%s slot %s attempt %s: recording its end failed", ref.job,
                           ref.slot, ref.attempt)
-        return self.as_run()
 
     async def _until_code_returns(self, code: asyncio.Future[Any]) -> None:
         warned = False
         while not code.done():
-            await asyncio.wait({code}, timeout=_IGNORED_CANCEL_WARN_S)
+            await until_done(code, _IGNORED_CANCEL_WARN_S)
             if not code.done() and self.handle.cancelled and not warned:
                 warned = True
                 ref = self.handle.ref

@@ -49,6 +49,7 @@ class FleetMember:
         self.paused: dict[str, PauseInfo] = {}
         self._started_ms = 0
         self._written_jobs: int | None = None
+        self._job_count = 0
         self._registered = False
 
     async def read_paused(self) -> dict[str, PauseInfo]:
@@ -90,13 +91,15 @@ class FleetMember:
         scheduler = self._scheduler
         backend = scheduler.backend
         instance_id = scheduler.instance_id
-        version, jobs = scheduler._jobs_version, scheduler._job_definitions()
+        version = scheduler._jobs_version
         if self._written_jobs != version:
+            # Thousands of jobs: their definitions are built only when the list changed.
+            jobs = scheduler._job_definitions()
             await backend.write_control(JOBS + instance_id, encode_jobs(jobs))
-            self._written_jobs = version
+            self._written_jobs, self._job_count = version, len(jobs)
         now = round(scheduler._now_ms())
         info = InstanceInfo(instance_id, _version(), self._started_ms, now,
-                            now + REGISTER_TTL_MS, len(jobs))
+                            now + REGISTER_TTL_MS, self._job_count)
         await backend.write_control(INSTANCE + instance_id, info.encode())
         self._registered = True
 

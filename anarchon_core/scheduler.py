@@ -768,7 +768,8 @@ class Scheduler:
                 result, sent = await self._call_claim(request, slot + 30_000)
                 if result.won:
                     attempt = self._attempt(job, self._handle(request, result, sent), threads)
-                    return await self._run_attempt(attempt)
+                    await self._run_attempt(attempt)
+                    return attempt.as_run()
                 slot += 1
             raise RuntimeError(f"could not claim a manual run of {name!r}")
 
@@ -815,7 +816,8 @@ class Scheduler:
                              result.outcome.value)
                     continue
                 attempt = self._attempt(job, self._handle(request, result, sent), threads)
-                runs.append(await self._run_attempt(attempt))
+                await self._run_attempt(attempt)
+                runs.append(attempt.as_run())
         return runs
 
     async def _succeeded_slots(self, name: str, since: int) -> set[int]:
@@ -903,7 +905,7 @@ class Scheduler:
     # ---------------------------------------------------------------- timers and runs
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_crash)
@@ -1247,7 +1249,7 @@ class Scheduler:
             return
         await self._run_attempt(self._attempt(job, handle, threads))
 
-    async def _run_attempt(self, attempt: Attempt) -> Run:
+    async def _run_attempt(self, attempt: Attempt) -> None:
         self._attempts.add(attempt)
         attempt.task = asyncio.current_task()
         if self._stopping:
@@ -1259,16 +1261,15 @@ class Scheduler:
                         attempt=ref.attempt, manual=ref.manual,
                         lateness_ms=self._now_ms() - ref.slot)
         try:
-            run = await attempt.run()
+            await attempt.run_to_end()
         finally:
             self._attempts.discard(attempt)
         if events:
             duration = None if attempt.finished_at is None \
                 else (attempt.finished_at - attempt.started_at) * 1000
             events.emit(EventKind.ATTEMPT_ENDED, job=ref.job, slot=ref.slot,
-                        attempt=ref.attempt, manual=ref.manual, status=run.status,
-                        error=run.error, duration_ms=duration)
-        return run
+                        attempt=ref.attempt, manual=ref.manual, status=attempt.status,
+                        error=attempt.error, duration_ms=duration)
 
 
 def _reason(request: ClaimRequest, result: ClaimResult, now_ms: float) -> str:

@@ -27,6 +27,7 @@ import valkey.cluster
 
 from anarchon_core.backend import new_token
 from anarchon_core.backends.redis import RedisBackend, ValkeyBackend
+from anarchon_core.backends.redis.clients import hiredis_packing
 from anarchon_core.errors import ConfigError
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
@@ -275,3 +276,32 @@ def test_shared_redis_is_there() -> None:
             client.ping()
     except redis.RedisError as exc:
         unavailable("Redis 7 (shared)", str(exc))
+
+
+@pytest.mark.parametrize("args", [
+    ("EVALSHA", "0" * 40, 2, "{ns:job}:state", "{ns:job}:active", "tok", "host:1", "1 0 30"),
+    ("SET", "k", "välue ünïcode", "NX", "PX", 30000),
+    ("CONFIG GET", "maxmemory"),
+    (b"CLIENT LIST",),
+    ("SET", b"\x00\xffbinary", b"", "PX", -1),
+])
+def test_own_connections_pack_commands_as_redis_py_does(args: tuple[Any, ...]) -> None:
+    plain = redis.asyncio.Connection(host="127.0.0.1")
+    packing = hiredis_packing(redis.asyncio.Connection)(host="127.0.0.1")
+    assert type(packing).__name__ == "HiredisConnection"
+    assert b"".join(packing.pack_command(*args)) == b"".join(plain.pack_command(*args))
+
+
+async def test_own_standalone_client_packs_with_hiredis(namespace: str) -> None:
+    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
+    await backend.start()
+    try:
+        pool = backend._conn.client.connection_pool  # type: ignore[union-attr]
+        assert pool.connection_class.__name__ == "HiredisConnection"
+        request = ClaimRequest(job="packed", slot=int(time.time() * 1000) // 1000 * 1000,
+                               token=new_token(), runner="packer")
+        assert (await backend.claim(request)).won
+        assert await backend.finish(RunRef("packed", request.slot, request.token), "success")
+        assert [r.status for r in await backend.history("packed")] == ["success"]
+    finally:
+        await backend.stop()

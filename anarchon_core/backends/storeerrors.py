@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from types import TracebackType
 from typing import Literal
 
 from ..errors import AnarchonError, StoreError, StoreUnavailable
@@ -96,15 +96,29 @@ class StoreErrors:
             return StoreUnavailable(f"{self._where()} is unavailable ({what}): {detail}")
         return StoreError(f"{self._where()}: {what} failed: {detail}")
 
-    @contextmanager
-    def guard(self, what: str) -> Iterator[None]:
+    def guard(self, what: str) -> _Guard:
         """Translate what the block raises; ``what`` names the operation in the message."""
-        try:
-            yield
-        except Exception as exc:
-            error = self.translate(exc, what)
-            if error is None:
-                raise
+        return _Guard(self, what)
+
+
+class _Guard:
+    """``with errors.guard(what):`` (a class, not a generator: it wraps every store call)."""
+
+    __slots__ = ("_errors", "_what")
+
+    def __init__(self, errors: StoreErrors, what: str) -> None:
+        self._errors = errors
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        error = self._errors.translate(exc, self._what)
+        if error is not None:
             raise error from exc
 
 

@@ -31,6 +31,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - the [redis] extra installs it
+    hiredis = None  # type: ignore[assignment]
+
 from ...batching import CallBatcher
 from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
 from ...errors import ConfigError, StoreError
@@ -442,6 +447,7 @@ def open_client(target: str | Mapping[str, Any], *, cluster: bool = False,
             target, **{k: v for k, v in {**defaults, "max_connections": POOL_SIZE,
                                          "timeout": max(5.0, lease_ms / 1000)}.items()
                        if k not in given})
+        pool.connection_class = hiredis_packing(pool.connection_class)
         client = Redis(connection_pool=pool)
         client.auto_close_connection_pool = True
     elif isinstance(target, str):
@@ -455,6 +461,37 @@ def open_client(target: str | Mapping[str, Any], *, cluster: bool = False,
     if not cluster:
         commands.pipeline_calls(client)
     return commands
+
+
+class _HiredisPacking:
+    """Pack commands with hiredis (in C), as redis-py's synchronous connection does.
+
+    redis-py's asyncio connection packs every argument in Python: with thousands of claims
+    and end records at one instant that is a tenth of the scheduler's CPU. Same bytes.
+    """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        first = args[0]
+        # As redis-py does: "CONFIG GET" style names go out as separate arguments.
+        if isinstance(first, str):
+            args = (*first.encode().split(), *args[1:])
+        elif b" " in first:
+            args = (*first.split(), *args[1:])
+        return [hiredis.pack_command(args)]
+
+
+_PACKING: dict[type, type] = {}
+
+
+def hiredis_packing(connection_class: type[Any]) -> type[Any]:
+    """``connection_class`` packing with hiredis, if it is installed (else unchanged)."""
+    if hiredis is None or not hasattr(connection_class, "pack_command"):
+        return connection_class
+    packing = _PACKING.get(connection_class)
+    if packing is None:
+        packing = _PACKING[connection_class] = type(
+            f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+    return packing
 
 
 def _execute(client: Any, args: Sequence[Arg]) -> Any:
