@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["CallBatcher"]
+__all__ = ["CallBatcher", "rounds"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -117,3 +117,19 @@ class CallBatcher(Generic[T, R]):
         finally:
             queue.in_flight -= 1
             self._schedule(loop, queue)
+
+
+def rounds(items: Sequence[T], key: Callable[[T], Hashable]) -> list[list[int]]:
+    """Split ``items`` into rounds (lists of indexes, in order), one item per key each.
+
+    The n-th item of a key goes to the n-th round: a key's items keep their order when
+    each round is sent only after the one before has been answered.
+    """
+    seen: dict[Hashable, int] = {}
+    out: list[list[int]] = []
+    for i, item in enumerate(items):
+        n = seen[key(item)] = seen.get(key(item), -1) + 1
+        if n == len(out):
+            out.append([])
+        out[n].append(i)
+    return out

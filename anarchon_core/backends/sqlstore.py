@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, Union
 
 from ..backend import Retention
-from ..batching import CallBatcher
+from ..batching import CallBatcher, rounds
 from ..decision import Action, Decision, RunState, decide, needs_overlap_check
 from ..errors import StoreError, StoreUnavailable
 from ..models import (
@@ -378,21 +378,6 @@ def update_batch_steps(updates: Sequence[Update]) -> Steps[list[bool]]:
     for i, count in zip(todo, replies[len(head):], strict=True):
         done[i] = count == 1
     return done
-
-
-def rounds(items: Sequence[Item], key: Callable[[Item], Hashable]) -> list[list[int]]:
-    """Split ``items`` into rounds (lists of indexes, in order), one item per key each.
-
-    The n-th item of a key goes to the n-th round: a key's items keep their order.
-    """
-    seen: dict[Hashable, int] = {}
-    out: list[list[int]] = []
-    for i, item in enumerate(items):
-        n = seen[key(item)] = seen.get(key(item), -1) + 1
-        if n == len(out):
-            out.append([])
-        out[n].append(i)
-    return out
 
 
 async def run_rounds(items: Sequence[Item], key: Callable[[Item], Hashable],

@@ -21,7 +21,8 @@ from anarchon_core.backend import Backend, new_token
 from anarchon_core.backends import postgres as pg
 from anarchon_core.backends.postgres import PostgresBackend
 from anarchon_core.backends.sqlite import SqliteBackend
-from anarchon_core.backends.sqlstore import Batched, rounds
+from anarchon_core.backends.sqlstore import Batched
+from anarchon_core.batching import rounds
 from anarchon_core.errors import StoreError, StoreUnavailable
 from anarchon_core.models import ClaimOutcome, ClaimRequest, ClaimResult, RunRef
 

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.exceptions import ResponseError
 
 try:
     import hiredis
@@ -55,6 +56,10 @@ POOL_SIZE = 32
 #: Commands sent in one pipeline at most, and pipelines in flight at once per client.
 PIPELINE_SIZE = 256
 PIPELINES_IN_FLIGHT = 8
+#: Scripts that a standalone server runs for many calls at once (:meth:`LuaScript.batched`).
+BATCHED_SCRIPTS = frozenset({"lease_claim", "lease_update"})
+#: The calls one batched script runs at most (about 45 µs of server time each).
+SCRIPT_BATCH = 128
 
 
 def own_timeouts(lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
@@ -145,6 +150,10 @@ class Commands:
         self.errors = StoreErrors(lambda: label, classify)
         #: Pipelines the commands sent at the same moment (see :meth:`pipeline_calls`).
         self.batcher: CallBatcher[tuple[Arg, ...], Any] | None = None
+        #: Whether the server runs one script over the keys of many jobs (a standalone
+        #: server: set by :meth:`pipeline_calls`; a proxy that refuses it turns it off).
+        self.batch_scripts = False
+        self._script_batchers: dict[str, CallBatcher[Call, Any]] = {}
         # Without pipelining, at most POOL_SIZE commands in flight per event loop: a burst
         # waits its turn instead of failing with "Too many connections" (cluster clients).
         self._limits: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
@@ -160,6 +169,47 @@ class Commands:
         self.client = client
         self.batcher = CallBatcher(self._pipeline, max_batch=PIPELINE_SIZE,
                                    max_in_flight=PIPELINES_IN_FLIGHT)
+        self.batch_scripts = True
+
+    def script_batcher(self, script: LuaScript) -> CallBatcher[Call, Any] | None:
+        """Runs of ``script`` made at the same moment as one batched script, if it can."""
+        if not self.batch_scripts or script.name not in BATCHED_SCRIPTS:
+            return None
+        batcher = self._script_batchers.get(script.name)
+        if batcher is None:
+            batcher = self._script_batchers[script.name] = CallBatcher(
+                partial(self.run_batched, script), max_batch=SCRIPT_BATCH,
+                max_in_flight=PIPELINES_IN_FLIGHT)
+        return batcher
+
+    async def run_batched(self, script: LuaScript, calls: Sequence[Call]) -> list[Any]:
+        """Run ``script`` for each ``(keys, args)`` in one command.
+
+        In order, each call's reply, or the error it failed with (not raised). The
+        calls still run one after another, each deciding on its own keys; one that fails
+        (a key of another type, say) fails alone.
+        """
+        keys = [key for call_keys, _ in calls for key in call_keys]
+        args: list[Arg] = [len(calls[0][0])]
+        for _, call_args in calls:
+            args.append(len(call_args))
+            args.extend(call_args)
+        try:
+            replies = await LuaScript.batched(script.name).run(self, keys, args)
+        except StoreError as exc:
+            if "CROSSSLOT" not in str(exc):
+                raise
+            # A proxy in front of several servers: one script per call from now on.
+            self.batch_scripts = False
+            return await script.run_many(self, calls)
+        out: list[Any] = []
+        for reply in replies:
+            if isinstance(reply, list) and len(reply) == 2 and reply[0] == _CALL_FAILED:
+                out.append(script.explain(self._failure(ResponseError(reply[1]), "EVALSHA"),
+                                          calls[len(out)][0]))
+            else:
+                out.append(reply)
+        return out
 
     async def _pipeline(self, batch: Sequence[tuple[Arg, ...]]) -> list[Any]:
         """Raw replies of ``batch`` sent in one pipeline (an exception object per failure)."""
@@ -238,6 +288,38 @@ class Commands:
             await result
 
 
+#: The marker of a failed call in a batched script's answer.
+_CALL_FAILED = "@error@"
+#: A script (put in place of ``--@BODY@``) as a function run once per call, in order.
+#: ``pcall`` keeps one call's error (a key of another type, say) from failing the others;
+#: an error reply the script returns is kept as that call's failure too.
+_BATCHED_SOURCE = """
+local function one(KEYS, ARGV)
+--@BODY@
+end
+local out, k, i = {}, 0, 2
+local width = tonumber(ARGV[1])
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local keys, args = {}, {}
+  for j = 1, width do keys[j] = KEYS[k + j] end
+  for j = 1, n do args[j] = ARGV[i + j] end
+  k, i = k + width, i + n + 1
+  local ok, reply = pcall(one, keys, args)
+  if not ok then
+    if type(reply) == 'table' and reply.err then reply = reply.err end
+    reply = {'@error@', tostring(reply)}
+  elseif type(reply) == 'table' and reply.err then
+    reply = {'@error@', reply.err}
+  end
+  out[#out + 1] = reply
+end
+return out
+"""
+#: One call of a script: its keys and its arguments.
+Call = tuple[Sequence[str], Sequence[Arg]]
+
+
 @dataclass(frozen=True)
 class LuaScript:
     """A Lua script shipped in ``anarchon_core/backends/lua/``, run by SHA."""
@@ -257,6 +339,29 @@ class LuaScript:
             source = source.replace(f'"@{constant}@"', json.dumps(text, ensure_ascii=False))
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
+    @classmethod
+    @cache
+    def batched(cls, name: str) -> LuaScript:
+        """Script ``name`` run for many calls in one command.
+
+        ``KEYS`` are every call's keys in turn; ``ARGV`` is the number of keys per call,
+        then per call its number of arguments and the arguments. Answers one reply per
+        call, or ``{"@error@", text}``.
+        """
+        one = cls.load(name)
+        source = _BATCHED_SOURCE.replace("--@BODY@", one.source)
+        return cls(f"{name}[batched]", source, hashlib.sha1(source.encode()).hexdigest())
+
+    def explain(self, error: BaseException, keys: Sequence[str]) -> BaseException:
+        """``error`` of a run over ``keys``; a ``WRONGTYPE`` one says what it means."""
+        if not isinstance(error, StoreError) or "WRONGTYPE" not in str(error):
+            return error
+        explained = StoreError(
+            f"{error}; one of the keys {', '.join(map(repr, keys))} holds a value of another "
+            "type than anarchon writes (another application uses this prefix?)")
+        explained.__cause__ = error.__cause__
+        return explained
+
     async def run(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg], *,
                   read_only: bool = False) -> Any:
         """EVALSHA, falling back to EVAL when the server does not have the script yet.
@@ -264,8 +369,13 @@ class LuaScript:
         ``read_only`` runs a script that only reads as ``EVALSHA_RO``/``EVAL_RO`` (Redis
         7+, Valkey), which an ACL user limited to reads may run and which a replica
         accepts; older servers get the plain commands. A key of another type than
-        anarchon writes (``WRONGTYPE``) is a :class:`StoreError` naming the keys.
+        anarchon writes (``WRONGTYPE``) is a :class:`StoreError` naming the keys. Runs of
+        the same script made at the same moment share one command where the server
+        allows (:meth:`batched`).
         """
+        batcher = None if read_only else conn.script_batcher(self)
+        if batcher is not None:
+            return await batcher.call((keys, args))
         ro = "_RO" if read_only and not getattr(conn, "_anarchon_no_ro", False) else ""
         try:
             try:
@@ -278,13 +388,10 @@ class LuaScript:
                     raise
             return await conn.call(f"EVAL{ro}", self.source, len(keys), *keys, *args)
         except StoreError as exc:
-            if "WRONGTYPE" not in str(exc):
+            explained = self.explain(exc, keys)
+            if explained is exc:
                 raise
-            raise StoreError(
-                f"{exc}; one of the keys "
-                f"{', '.join(map(repr, keys))} holds a value of another type than anarchon "
-                "writes (another application uses this prefix?)"
-            ) from exc.__cause__
+            raise explained from exc.__cause__
 
 
     async def run_many(self, conn: Commands,
@@ -293,6 +400,13 @@ class LuaScript:
 
         In order, each call's reply, or the :class:`StoreError` it failed with (not raised).
         """
+        if conn.script_batcher(self) is not None:
+            chunks = [calls[i:i + SCRIPT_BATCH] for i in range(0, len(calls), SCRIPT_BATCH)]
+            answers = await asyncio.gather(*(conn.run_batched(self, c) for c in chunks),
+                                           return_exceptions=True)
+            return [reply for chunk, answer in zip(chunks, answers, strict=True)
+                    for reply in ([answer] * len(chunk) if isinstance(answer, BaseException)
+                                  else answer)]
         replies = await conn.call_many([("EVALSHA", self.sha, len(keys), *keys, *args)
                                         for keys, args in calls])
         missing = [i for i, r in enumerate(replies) if isinstance(r, StoreError)

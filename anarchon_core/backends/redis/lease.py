@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from ...backend import Retention
+from ...batching import rounds
 from ...errors import StoreError
 from ...models import (
     RUN_STATUSES,
@@ -89,9 +90,18 @@ async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest,
 
 async def lease_claim_many(conn: Commands, prefix: str, requests: Sequence[ClaimRequest],
                            retention: Retention) -> list[ClaimResult | BaseException]:
-    """:func:`lease_claim` for each request, all sent at once; an error in place of a result."""
-    replies = await LuaScript.load("lease_claim").run_many(
-        conn, [_claim_call(prefix, req, retention) for req in requests])
+    """:func:`lease_claim` for each request, all sent at once; an error in place of a result.
+
+    Requests of the same job are answered in their order (a later one goes in a later
+    round): a client that cannot pipeline sends each round's calls concurrently.
+    """
+    script = LuaScript.load("lease_claim")
+    calls = [_claim_call(prefix, req, retention) for req in requests]
+    replies: list[Any] = [None] * len(requests)
+    for group in rounds(requests, key=lambda req: req.job):
+        answers = await script.run_many(conn, [calls[i] for i in group])
+        for i, reply in zip(group, answers, strict=True):
+            replies[i] = reply
     out: list[ClaimResult | BaseException] = []
     for req, reply in zip(requests, replies, strict=True):
         if isinstance(reply, BaseException):
