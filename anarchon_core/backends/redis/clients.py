@@ -189,6 +189,8 @@ class Commands:
         calls still run one after another, each deciding on its own keys; one that fails
         (a key of another type, say) fails alone.
         """
+        if len(calls) == 1:  # alone: the script itself, without the batch around it
+            return await script.run_many(self, calls, batched=False)
         keys = [key for call_keys, _ in calls for key in call_keys]
         args: list[Arg] = [len(calls[0][0])]
         for _, call_args in calls:
@@ -201,7 +203,7 @@ class Commands:
                 raise
             # A proxy in front of several servers: one script per call from now on.
             self.batch_scripts = False
-            return await script.run_many(self, calls)
+            return await script.run_many(self, calls, batched=False)
         out: list[Any] = []
         for reply in replies:
             if isinstance(reply, list) and len(reply) == 2 and reply[0] == _CALL_FAILED:
@@ -235,8 +237,15 @@ class Commands:
         out: list[Any] = []
         for first in range(0, len(chunks), PIPELINES_IN_FLIGHT):
             group = chunks[first:first + PIPELINES_IN_FLIGHT]
-            answers = await asyncio.gather(*(self._pipeline(c) for c in group),
-                                           return_exceptions=True)
+            answers: list[Any]
+            if len(group) == 1:  # most calls: no task to gather
+                try:
+                    answers = [await self._pipeline(group[0])]
+                except Exception as exc:  # noqa: BLE001 - each command's error, as gather
+                    answers = [exc]
+            else:
+                answers = await asyncio.gather(*(self._pipeline(c) for c in group),
+                                               return_exceptions=True)
             for chunk, answer in zip(group, answers, strict=True):
                 replies = [answer] * len(chunk) if isinstance(answer, BaseException) else answer
                 for args, reply in zip(chunk, replies, strict=True):
@@ -376,6 +385,10 @@ class LuaScript:
         batcher = None if read_only else conn.script_batcher(self)
         if batcher is not None:
             return await batcher.call((keys, args))
+        return await self._run_alone(conn, keys, args, read_only=read_only)
+
+    async def _run_alone(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg], *,
+                         read_only: bool = False) -> Any:
         ro = "_RO" if read_only and not getattr(conn, "_anarchon_no_ro", False) else ""
         try:
             try:
@@ -383,7 +396,7 @@ class LuaScript:
             except StoreError as exc:
                 if ro and _unknown_command(exc):
                     conn._anarchon_no_ro = True  # type: ignore[attr-defined]
-                    return await self.run(conn, keys, args, read_only=read_only)
+                    return await self._run_alone(conn, keys, args, read_only=read_only)
                 if not is_noscript(exc):
                     raise
             return await conn.call(f"EVAL{ro}", self.source, len(keys), *keys, *args)
@@ -395,15 +408,25 @@ class LuaScript:
 
 
     async def run_many(self, conn: Commands,
-                       calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
-        """Run the script once per ``(keys, args)``, all sent at once (:meth:`Commands.call_many`).
+                       calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], *,
+                       batched: bool = True) -> list[Any]:
+        """Run the script once per ``(keys, args)``, all sent at once.
 
         In order, each call's reply, or the :class:`StoreError` it failed with (not raised).
+        As batched scripts where the server allows (``batched``), else one command per
+        call (:meth:`Commands.call_many`).
         """
-        if conn.script_batcher(self) is not None:
+        if batched and conn.script_batcher(self) is not None:
             chunks = [calls[i:i + SCRIPT_BATCH] for i in range(0, len(calls), SCRIPT_BATCH)]
-            answers = await asyncio.gather(*(conn.run_batched(self, c) for c in chunks),
-                                           return_exceptions=True)
+            answers: list[Any]
+            if len(chunks) == 1:
+                try:
+                    answers = [await conn.run_batched(self, chunks[0])]
+                except Exception as exc:  # noqa: BLE001 - each call's error, as gather
+                    answers = [exc]
+            else:
+                answers = await asyncio.gather(*(conn.run_batched(self, c) for c in chunks),
+                                               return_exceptions=True)
             return [reply for chunk, answer in zip(chunks, answers, strict=True)
                     for reply in ([answer] * len(chunk) if isinstance(answer, BaseException)
                                   else answer)]
@@ -412,11 +435,12 @@ class LuaScript:
         missing = [i for i, r in enumerate(replies) if isinstance(r, StoreError)
                    and is_noscript(r)]
         if missing:  # the server lost its scripts (a restart, SCRIPT FLUSH): load and redo
-            redone = await asyncio.gather(*(self.run(conn, *calls[i]) for i in missing),
+            redone = await asyncio.gather(*(self._run_alone(conn, *calls[i]) for i in missing),
                                           return_exceptions=True)
             for i, reply in zip(missing, redone, strict=True):
                 replies[i] = reply
-        return replies
+        return [self.explain(reply, calls[i][0]) if isinstance(reply, BaseException) else reply
+                for i, reply in enumerate(replies)]
 
 
 def _unknown_command(exc: BaseException) -> bool:
