@@ -31,7 +31,9 @@ class KeeperStarts:
         weakref.WeakKeyDictionary()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Only a weak reference: the table of loops holds this object strongly, and a
+        # strong one back would keep every loop that ever had a handle alive.
+        self._loop = weakref.ref(loop)
         self._due: dict[int, set[_Keeps]] = {}
 
     @classmethod
@@ -44,11 +46,13 @@ class KeeperStarts:
 
     def add(self, handle: _Keeps, delay_s: float) -> set[_Keeps]:
         """Start ``handle``'s keeper in about ``delay_s``; the set to leave if it ends first."""
-        grain = math.floor((self._loop.time() + max(0.0, delay_s)) / GRAIN_S)
+        loop = self._loop()
+        assert loop is not None  # called on its loop
+        grain = math.floor((loop.time() + max(0.0, delay_s)) / GRAIN_S)
         handles = self._due.get(grain)
         if handles is None:
             handles = self._due[grain] = set()
-            self._loop.call_at(grain * GRAIN_S, self._start, grain)
+            loop.call_at(grain * GRAIN_S, self._start, grain)
         handles.add(handle)
         return handles
 

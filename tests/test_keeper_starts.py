@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
+import weakref
 
 from anarchon_core.keeperstarts import GRAIN_S, KeeperStarts
 
@@ -31,10 +33,27 @@ async def test_keepers_due_together_share_timers_and_start_never_late() -> None:
     ended = handles[::2]
     for handle, handles_set in zip(handles[::2], sets[::2], strict=True):
         handles_set.discard(handle)
-    await asyncio.sleep(0.45)
+    kept = handles[1::2]
+    for _ in range(300):  # bounded: 3 s at most
+        if all(h.started_at is not None for h in kept):
+            break
+        await asyncio.sleep(0.01)
     assert all(h.started_at is None for h in ended)
-    for handle in handles[1::2]:
+    for handle in kept:
         assert handle.started_at is not None
-        # Early by at most one grain (plus the loop's own slack), never late.
+        # Early by at most one grain (plus the loop's own slack), never late by more than
+        # a busy machine's event loop lags.
         assert now + handle.due - GRAIN_S - 0.01 <= handle.started_at
-        assert handle.started_at <= now + handle.due + 0.2  # a busy machine's loop lag
+        assert handle.started_at <= now + handle.due + 1.0
+
+
+def test_a_finished_event_loop_is_not_kept_alive() -> None:
+    async def one_handle() -> weakref.ref[asyncio.AbstractEventLoop]:
+        loop = asyncio.get_running_loop()
+        KeeperStarts.for_loop(loop).add(_Handle(0.0), 0.0)
+        await asyncio.sleep(0.1)
+        return weakref.ref(loop)
+
+    loop_ref = asyncio.run(one_handle())
+    gc.collect()
+    assert loop_ref() is None

@@ -204,6 +204,10 @@ class Commands:
             # A proxy in front of several servers: one script per call from now on.
             self.batch_scripts = False
             return await script.run_many(self, calls, batched=False)
+        if not isinstance(replies, list) or len(replies) != len(calls):
+            raise StoreError(f"a batched {script.name} script answered "
+                             f"{len(replies) if isinstance(replies, list) else replies!r} "
+                             f"for {len(calls)} calls")
         out: list[Any] = []
         for reply in replies:
             if isinstance(reply, list) and len(reply) == 2 and reply[0] == _CALL_FAILED:
@@ -320,6 +324,8 @@ while i <= #ARGV do
     reply = {'@error@', tostring(reply)}
   elseif type(reply) == 'table' and reply.err then
     reply = {'@error@', reply.err}
+  elseif reply == nil then
+    reply = false  -- a nil would leave no slot in the answer
   end
   out[#out + 1] = reply
 end
