@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,22 @@ def req(slot: int, job: str, runner: str = "a") -> ClaimRequest:
                         max_late_ms=60_000)
 
 
+Started = tuple[RedisBackend, Commands]
+
+
+@pytest.fixture
+async def started(namespace: str) -> AsyncIterator[Started]:
+    """A started backend on the shared Redis (a prefix of its own) and its connection."""
+    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
+    await backend.start()
+    try:
+        conn = backend._conn
+        assert conn is not None
+        yield backend, conn
+    finally:
+        await backend.stop()
+
+
 def count_pipelines(conn: Commands, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record the size of every round trip the connection makes from now on."""
     sizes: list[int] = []
@@ -52,62 +69,51 @@ def count_pipelines(conn: Commands, monkeypatch: pytest.MonkeyPatch) -> list[int
 
 
 async def test_a_burst_of_claims_takes_a_few_pipelines_not_one_call_each(
-        namespace: str) -> None:
-    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
-    await backend.start()
-    try:
-        conn = backend._conn
-        batcher = conn.batcher if conn is not None else None
-        assert batcher is not None
-        slot = await backend.clock_ms()
-        batches, calls = batcher.batches, batcher.calls
-        results = await asyncio.gather(*(backend.claim(req(slot, f"j{i}"))
-                                         for i in range(BURST)))
-        assert all(r.outcome is ClaimOutcome.WON for r in results)
-        # Each job's first claim also lists the job (one command per job); the claims
-        # themselves run as a few batched scripts.
-        scripts = conn.script_batcher(LuaScript.load("lease_claim"))
-        assert scripts is not None
-        assert scripts.calls == BURST
-        assert scripts.batches <= -(-BURST // SCRIPT_BATCH) + 2
-        assert batcher.calls - calls == BURST + scripts.batches
-        assert batcher.batches - batches <= BURST // PIPELINE_SIZE + 4
-        again = await asyncio.gather(*(backend.claim(req(slot, f"j{i}", "b"))
-                                       for i in range(BURST)))
-        assert all(r.outcome is ClaimOutcome.RUNNING for r in again)
-    finally:
-        await backend.stop()
+        started: Started) -> None:
+    backend, conn = started
+    batcher = conn.batcher
+    assert batcher is not None
+    slot = await backend.clock_ms()
+    batches, calls = batcher.batches, batcher.calls
+    results = await asyncio.gather(*(backend.claim(req(slot, f"j{i}"))
+                                     for i in range(BURST)))
+    assert all(r.outcome is ClaimOutcome.WON for r in results)
+    # Each job's first claim also lists the job (one command per job); the claims
+    # themselves run as a few batched scripts.
+    scripts = conn.script_batcher(LuaScript.load("lease_claim"))
+    assert scripts is not None
+    assert scripts.calls == BURST
+    assert scripts.batches <= -(-BURST // SCRIPT_BATCH) + 2
+    assert batcher.calls - calls == BURST + scripts.batches
+    assert batcher.batches - batches <= BURST // PIPELINE_SIZE + 4
+    again = await asyncio.gather(*(backend.claim(req(slot, f"j{i}", "b"))
+                                   for i in range(BURST)))
+    assert all(r.outcome is ClaimOutcome.RUNNING for r in again)
 
 
 async def test_claim_many_sends_its_claims_in_pipelines_of_a_bounded_size(
-        namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
-    await backend.start()
-    try:
-        conn = backend._conn
-        assert conn is not None
-        sizes = count_pipelines(conn, monkeypatch)
-        batcher = conn.batcher
-        assert batcher is not None
-        slot = await backend.clock_ms()
-        calls, batches = batcher.calls, batcher.batches
-        results = await backend.claim_many([req(slot, f"j{i}") for i in range(BURST)])
-        assert all(isinstance(r, ClaimResult) and r.won for r in results)
-        # The job list: a command per job, in pipelines of a bounded size.
-        assert max(sizes) <= PIPELINE_SIZE
-        assert sum(sizes) == BURST
-        # The claims: one batched script per SCRIPT_BATCH claims, all in one pipeline.
-        claim_scripts = -(-BURST // SCRIPT_BATCH)
-        assert (batcher.calls - calls, batcher.batches - batches) == (claim_scripts, 1)
-        sizes.clear()
-        calls, batches = batcher.calls, batcher.batches
-        results = await backend.claim_many([req(slot, f"j{i}", "b") for i in range(BURST)])
-        assert all(isinstance(r, ClaimResult) and r.outcome is ClaimOutcome.RUNNING
-                   for r in results)
-        assert (batcher.calls - calls, batcher.batches - batches) == (claim_scripts, 1)
-        assert sizes == []  # jobs listed already
-    finally:
-        await backend.stop()
+        started: Started, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, conn = started
+    sizes = count_pipelines(conn, monkeypatch)
+    batcher = conn.batcher
+    assert batcher is not None
+    slot = await backend.clock_ms()
+    calls, batches = batcher.calls, batcher.batches
+    results = await backend.claim_many([req(slot, f"j{i}") for i in range(BURST)])
+    assert all(isinstance(r, ClaimResult) and r.won for r in results)
+    # The job list: a command per job, in pipelines of a bounded size.
+    assert max(sizes) <= PIPELINE_SIZE
+    assert sum(sizes) == BURST
+    # The claims: one batched script per SCRIPT_BATCH claims, all in one pipeline.
+    claim_scripts = -(-BURST // SCRIPT_BATCH)
+    assert (batcher.calls - calls, batcher.batches - batches) == (claim_scripts, 1)
+    sizes.clear()
+    calls, batches = batcher.calls, batcher.batches
+    results = await backend.claim_many([req(slot, f"j{i}", "b") for i in range(BURST)])
+    assert all(isinstance(r, ClaimResult) and r.outcome is ClaimOutcome.RUNNING
+               for r in results)
+    assert (batcher.calls - calls, batcher.batches - batches) == (claim_scripts, 1)
+    assert sizes == []  # jobs listed already
 
 
 async def test_a_bad_key_fails_only_its_own_claim_in_a_pipeline(namespace: str) -> None:
@@ -181,55 +187,43 @@ async def test_a_server_gone_mid_burst_fails_every_claim_as_unavailable(
 
 
 async def test_ends_made_together_share_batched_scripts_and_keep_their_own_answer(
-        namespace: str) -> None:
-    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
-    await backend.start()
-    try:
-        conn = backend._conn
-        assert conn is not None
-        slot = await backend.clock_ms()
-        requests = [req(slot, f"e{i}") for i in range(300)]
-        assert all(isinstance(r, ClaimResult) and r.won
-                   for r in await backend.claim_many(requests))
-        refs = [RunRef(r.job, r.slot, r.token) for r in requests]
-        refs[7] = RunRef(refs[7].job, slot, "not-the-token")  # fenced: refused alone
-        updates = conn.script_batcher(LuaScript.load("lease_update"))
-        assert updates is not None
-        calls, batches = updates.calls, updates.batches
-        answers = await asyncio.gather(*(backend.finish(ref, "success") for ref in refs))
-        assert answers == [i != 7 for i in range(300)]
-        assert updates.calls - calls == 300
-        assert updates.batches - batches <= -(-300 // SCRIPT_BATCH) + 2
-        [ended] = await backend.history("e0")
-        assert ended.status == "success"
-        [still] = await backend.history("e7")
-        assert still.status == "running"
-    finally:
-        await backend.stop()
+        started: Started) -> None:
+    backend, conn = started
+    slot = await backend.clock_ms()
+    requests = [req(slot, f"e{i}") for i in range(300)]
+    assert all(isinstance(r, ClaimResult) and r.won
+               for r in await backend.claim_many(requests))
+    refs = [RunRef(r.job, r.slot, r.token) for r in requests]
+    refs[7] = RunRef(refs[7].job, slot, "not-the-token")  # fenced: refused alone
+    updates = conn.script_batcher(LuaScript.load("lease_update"))
+    assert updates is not None
+    calls, batches = updates.calls, updates.batches
+    answers = await asyncio.gather(*(backend.finish(ref, "success") for ref in refs))
+    assert answers == [i != 7 for i in range(300)]
+    assert updates.calls - calls == 300
+    assert updates.batches - batches <= -(-300 // SCRIPT_BATCH) + 2
+    [ended] = await backend.history("e0")
+    assert ended.status == "success"
+    [still] = await backend.history("e7")
+    assert still.status == "running"
 
 
 async def test_a_server_refusing_scripts_over_many_slots_gets_one_script_per_call(
-        namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
-    await backend.start()
-    try:
-        conn = backend._conn
-        assert conn is not None
-        real_run = LuaScript.run
+        started: Started, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, conn = started
+    real_run = LuaScript.run
 
-        async def proxy(self: LuaScript, conn: Commands, keys: Any, args: Any,
-                        **kwargs: Any) -> Any:
-            if self.name.endswith("[batched]"):  # as a proxy over several servers answers
-                raise StoreError("CROSSSLOT Keys in request don't hash to the same slot")
-            return await real_run(self, conn, keys, args, **kwargs)
+    async def proxy(self: LuaScript, conn: Commands, keys: Any, args: Any,
+                    **kwargs: Any) -> Any:
+        if self.name.endswith("[batched]"):  # as a proxy over several servers answers
+            raise StoreError("CROSSSLOT Keys in request don't hash to the same slot")
+        return await real_run(self, conn, keys, args, **kwargs)
 
-        monkeypatch.setattr(LuaScript, "run", proxy)
-        slot = await backend.clock_ms()
-        results = await backend.claim_many([req(slot, f"x{i}") for i in range(20)])
-        assert all(isinstance(r, ClaimResult) and r.won for r in results)
-        assert conn.batch_scripts is False
-        again = await asyncio.gather(*(backend.claim(req(slot, f"x{i}", "b"))
-                                       for i in range(20)))
-        assert all(r.outcome is ClaimOutcome.RUNNING for r in again)
-    finally:
-        await backend.stop()
+    monkeypatch.setattr(LuaScript, "run", proxy)
+    slot = await backend.clock_ms()
+    results = await backend.claim_many([req(slot, f"x{i}") for i in range(20)])
+    assert all(isinstance(r, ClaimResult) and r.won for r in results)
+    assert conn.batch_scripts is False
+    again = await asyncio.gather(*(backend.claim(req(slot, f"x{i}", "b"))
+                                   for i in range(20)))
+    assert all(r.outcome is ClaimOutcome.RUNNING for r in again)
