@@ -2,9 +2,9 @@
 
 A lease backend reads the run's current state inside one atomic step (a transaction, a
 Lua script), asks :func:`decide` what to do, applies the returned :class:`Decision` in
-that same step, and answers with its outcome. The Redis ``lease`` Lua script implements
-this same table line for line; the conformance suite in ``tests/`` holds every lease
-backend to it.
+that same step, and answers with its outcome. The Redis ``lease`` Lua script and the
+PostgreSQL claim function (:mod:`anarchon_core.backends.pgfunctions`) implement this same
+table line for line; the conformance suite in ``tests/`` holds every lease backend to it.
 
 =====================  ========================================  =====================
 state of (job, slot)   condition                                 write → outcome

@@ -47,7 +47,7 @@ _SCHEMES: dict[str, tuple[str, str]] = {
     "tls": ("anarchon_core.backends.nats", "NatsBackend"),
 }
 #: Query parameters anarchon reads out of a URL (the rest stay for the driver).
-NAMESPACE_PARAMS = ("prefix", "table", "stream", "strategy", "read_only")
+NAMESPACE_PARAMS = ("prefix", "table", "stream", "strategy", "read_only", "transaction_pooling")
 MASK = "***"
 
 # ---------------------------------------------------------------------------- masking

@@ -340,25 +340,216 @@ async def test_claim_waiting_on_a_frozen_lock_holder_fails_without_writing(
 async def test_heartbeat_and_finish_wait_for_a_claim_in_progress(
     admin: Any, cleanup: None, namespace: str
 ) -> None:
-    """Finish and claim of one job are serialised: a finish racing a takeover cannot leave
-    two successes (the finish waits for the claim's lock, then finds itself fenced)."""
+    """Finish and claim of one run are serialised: a finish racing a takeover cannot leave
+    two successes. A claim that may take the run over reads it ``FOR UPDATE``; the finish
+    waits for that row lock, then finds itself fenced if the claim took the run over."""
     backend = PostgresBackend(POSTGRES_URL, table=namespace)
     await backend.start()
     holder = connect()
     try:
         slot = await backend.clock_ms()
-        r = req("job", slot)
-        assert (await backend.claim(r)).won
-        holder.execute("BEGIN")
-        holder.execute(backend._sql["lock_job"], {"lock_key": "job"})
-        finish = asyncio.ensure_future(backend.finish(ref(r), "success"))
-        await asyncio.sleep(0.3)
-        assert not finish.done(), "finish did not wait for the job's lock"
-        holder.execute("ROLLBACK")
-        assert await asyncio.wait_for(finish, 5)
+        runs = [req("job", slot + i, overlap=True) for i in range(2)]
+        for r in runs:
+            assert (await backend.claim(r)).won
+        for r, takeover in zip(runs, (False, True), strict=True):
+            holder.execute("BEGIN")
+            holder.execute(backend._sql["lock_job"], {"lock_key": "job"})
+            holder.execute(backend._sql["current"], {"job": "job", "slot": r.slot, "manual": 0})
+            finish = asyncio.ensure_future(backend.finish(ref(r), "success"))
+            await asyncio.sleep(0.3)
+            assert not finish.done(), "finish did not wait for the claim's row lock"
+            if takeover:  # what a claim that took the run over writes, then commits
+                holder.execute(backend._sql["end_attempt"], {
+                    "job": "job", "slot": r.slot, "manual": 0, "attempt": 1,
+                    "status": "interrupted", "error": "lease expired", "now": slot})
+            holder.execute("COMMIT" if takeover else "ROLLBACK")
+            assert await asyncio.wait_for(finish, 5) is not takeover
+        assert [x.status for x in await backend.history("job")] == ["interrupted", "success"]
     finally:
         holder.close()
         await backend.stop()
+
+
+async def test_a_finish_racing_a_takeover_never_leaves_two_runs(
+    cleanup: None, namespace: str
+) -> None:
+    """An expired run's finish and a backup's claim, sent at once from two instances, many
+    times: each time exactly one of them wins (the run finished, or it was taken over)."""
+    owner = PostgresBackend(POSTGRES_URL, table=namespace)
+    backup = PostgresBackend(POSTGRES_URL, table=namespace)
+    await owner.start()
+    await backup.start()
+    try:
+        base = await owner.clock_ms()
+        outcomes = []
+        for i in range(30):
+            r = req("job", base + i, overlap=True, lease_ms=1)
+            assert (await owner.claim(r)).won
+            await asyncio.sleep(0.005)  # the lease has expired: a backup may take it over
+            finished, taken = await asyncio.gather(
+                owner.finish(ref(r), "success"),
+                backup.claim(req("job", r.slot, "b", overlap=True)))
+            assert finished != taken.won, f"slot {i}: finished={finished}, claim={taken}"
+            outcomes.append(finished)
+            history = {(x.attempt, x.status) for x in await owner.history("job", 100)
+                       if x.slot == r.slot}
+            assert history == ({(1, "success")} if finished
+                               else {(1, "interrupted"), (2, "running")}), history
+    finally:
+        await owner.stop()
+        await backup.stop()
+
+
+async def test_a_claim_and_a_heartbeat_are_one_message_each(
+    cleanup: None, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the session has its claim function, a claim is one statement and one round
+    trip (no BEGIN, no COMMIT), and so is a heartbeat."""
+    backend = PostgresBackend(POSTGRES_URL, table=namespace)
+    await backend.start()
+    sent: list[str] = []
+    real = psycopg.AsyncCursor.execute
+
+    async def execute(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
+        sent.append(str(query))
+        return await real(self, query, *args, **kw)
+
+    try:
+        slot = await backend.clock_ms()
+        assert (await backend.claim(req("first", slot))).won  # creates the function
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", execute)
+        r = req("job", slot)
+        assert (await backend.claim(r)).won
+        assert await backend.heartbeat(ref(r), 60_000)
+        assert (await backend.claim(req("job", slot, "b"))).outcome is ClaimOutcome.RUNNING
+        assert len(sent) == 3, sent
+        assert all(";" not in text and "BEGIN" not in text for text in sent), sent
+        assert "pg_temp.anarchon_claim_" in sent[0]
+        assert sent[1].startswith("UPDATE")
+    finally:
+        await backend.stop()
+
+
+async def test_the_claim_function_lives_in_the_session_and_comes_back_after_a_reset(
+    admin: Any, cleanup: None, namespace: str
+) -> None:
+    """The function is the session's own (pg_temp): nothing is left in the database. A
+    reset that drops it (``DISCARD ALL``, as a pool may do) costs one transient error; the
+    next claim creates it again."""
+    conn = await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True)
+    backend = PostgresBackend(conn, table=namespace)
+    try:
+        await backend.start()
+        slot = await backend.clock_ms()
+        assert (await backend.claim(req("a", slot))).won
+        [(temp,)] = admin.execute(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE p.proname LIKE 'anarchon_claim%%' AND n.nspname NOT LIKE 'pg_temp%%'"
+        ).fetchall()
+        assert temp == 0, "a claim function was left outside the session"
+        await conn.execute("DISCARD ALL")
+        with pytest.raises(StoreUnavailable, match="created again"):
+            await backend.claim(req("b", slot))
+        assert (await backend.claim(req("b", slot))).won
+        assert (await backend.claim(req("c", slot))).won
+    finally:
+        await backend.stop()
+        await conn.close()
+
+
+async def test_transaction_pooling_keeps_nothing_in_the_server_session(
+    cleanup: None, namespace: str
+) -> None:
+    """Behind PgBouncer in transaction mode a session's state does not last: with
+    ``?transaction_pooling=true`` anarchon creates no function and prepares nothing."""
+    backend = backend_from_url(f"{POSTGRES_URL}?table={namespace}&transaction_pooling=true")
+    assert isinstance(backend, PostgresBackend)
+    assert backend.transaction_pooling
+    await backend.start()
+    try:
+        slot = await backend.clock_ms()
+        for i in range(12):  # beyond psycopg's threshold for preparing a statement
+            r = req(f"job{i % 3}", slot + i, overlap=True)
+            assert (await backend.claim(r)).won
+            assert await backend.heartbeat(ref(r), 60_000)
+            assert await backend.finish(ref(r), "success")
+        conn = backend._source.slots[0].conn  # type: ignore[attr-defined]
+        cur = await conn.execute(
+            "SELECT (SELECT count(*) FROM pg_proc WHERE pronamespace = pg_my_temp_schema()), "
+            "(SELECT count(*) FROM pg_prepared_statements)")
+        assert await cur.fetchone() == (0, 0)
+    finally:
+        await backend.stop()
+
+
+async def test_a_session_that_keeps_losing_its_functions_falls_back(
+    cleanup: None, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each loss costs one transient error (the scheduler retries); after three, claims
+    stop using the functions, with one warning, and the losses stop."""
+    conn = await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True)
+    backend = PostgresBackend(conn, table=namespace)
+    try:
+        await backend.start()
+        slot = await backend.clock_ms()
+        failures = 0
+        with caplog.at_level("WARNING", logger="anarchon.postgres"):
+            for i in range(6):
+                assert (await backend.claim(req(f"before{i}", slot))).won
+                await conn.execute("DISCARD ALL")
+                try:
+                    assert (await backend.claim(req(f"after{i}", slot))).won
+                except StoreUnavailable:
+                    failures += 1
+                    assert (await backend.claim(req(f"after{i}", slot))).won
+        assert failures == pg.MAX_VANISHED
+        warnings = [rec.getMessage() for rec in caplog.records]
+        assert len(warnings) == 1, warnings
+        assert "transaction_pooling=True" in warnings[0]
+    finally:
+        await backend.stop()
+        await conn.close()
+
+
+async def test_a_role_that_may_not_create_temporary_objects_claims_in_two_trips(
+    admin: Any, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the TEMPORARY right the claim function cannot be made: claims fall back to
+    two round trips with the same decisions, and one warning says what to grant."""
+    database, role = f"{namespace}_notemp", f"{namespace}_r"
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    try:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(
+            sql.Identifier(database)))
+        base = POSTGRES_URL.rsplit("/", 1)[0]
+        with psycopg.connect(f"{base}/{database}", autocommit=True) as owner:
+            owner.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(
+                sql.Identifier(role)))
+        url = f"{base}/{database}".replace("postgres@", f"{role}@", 1)
+        backend = PostgresBackend(url, table="runs")
+        try:
+            await backend.start()
+            slot = await backend.clock_ms()
+            with caplog.at_level("WARNING", logger="anarchon.postgres"):
+                r = req("job", slot)
+                assert (await backend.claim(r)).won
+                assert (await backend.claim(req("job", slot, "b"))).outcome \
+                    is ClaimOutcome.RUNNING
+                assert (await backend.claim(req("job", slot + 1000, "b"))).outcome \
+                    is ClaimOutcome.OVERLAP
+                assert await backend.finish(ref(r), "success")
+                assert (await backend.claim(req("job", slot, "b"))).outcome \
+                    is ClaimOutcome.DONE
+            warnings = [rec.getMessage() for rec in caplog.records]
+            assert len(warnings) == 1, warnings
+            assert "TEMPORARY" in warnings[0]
+        finally:
+            await backend.stop()
+    finally:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(database)))
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 # -- creation and indexes -----------------------------------------------------------------

@@ -1,18 +1,21 @@
 """PostgreSQL: the lease backend on a shared database (psycopg 3).
 
 Runs are stored one row per attempt, exactly as :mod:`anarchon_core.backends.sqlstore` lays them
-out, and every claim runs that module's steps inside one transaction. What is specific to
-PostgreSQL is only how the steps are executed:
+out, with that module's statements. What is specific to PostgreSQL is how they are run:
 
-* claims, heartbeats, finishes and releases of one job are serialised by a
-  transaction-scoped advisory lock on (table, job), so reading a run's state and writing
-  the decision cannot interleave with another instance's writes to the same job;
-* statements that need no result of each other go out together, as one message: a claim
-  is two round trips (``BEGIN``, the lock, the clock with the overlap check and the current
-  state; then the writes with the ``COMMIT``), a heartbeat, finish or release one. Claims
-  made at the same moment share one transaction (the locks of all their jobs taken in one
-  fixed order, then each claim decided on its own), and so do heartbeats, finishes and
-  releases (see :mod:`anarchon_core.backends.sqlstore`);
+* claims of one job are serialised by a transaction-scoped advisory lock on (table, job),
+  so reading a run's state and writing the decision cannot interleave with another
+  instance's claim of the same job. A claim that may take a run over reads it
+  ``FOR UPDATE``, so a heartbeat, finish or release of that attempt (a conditional
+  ``UPDATE`` of its row, which takes no job lock) either lands first or finds itself fenced;
+* a claim is one round trip: the session's own temporary function applies the decision
+  table on the server (:mod:`anarchon_core.backends.pgfunctions`), a heartbeat, finish or
+  release is one statement. Claims made at the same moment share one call of the function
+  (the locks of all their jobs taken in one fixed order, then each claim decided on its
+  own), and heartbeats, finishes and releases one call of another. With
+  ``transaction_pooling=True``, or for a role that may not create temporary functions, a
+  claim runs :mod:`sqlstore`'s steps instead (the decision in Python): two round trips,
+  statements that need no result of each other sent together as one message;
 * times come from the server clock (``clock_timestamp()``), never from the instances;
 * anarchon's sessions run with ``lock_timeout``, ``statement_timeout`` and
   ``idle_in_transaction_session_timeout`` (set on the connection anarchon opens, local to
@@ -42,6 +45,7 @@ import contextlib
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
@@ -60,6 +64,15 @@ from ..readmodel import dump_meta
 from ..schema import sql_names, sql_schema, sql_upgrade
 from ..url import NAMESPACE_PARAMS, check_postgres_conninfo, mask_url, split_namespace_params
 from .common import parse_flag, refuse_write
+from .pgfunctions import (
+    claim_call,
+    claim_call_steps,
+    claim_function,
+    function_name,
+    update_call,
+    update_call_steps,
+    update_function,
+)
 from .sqlstore import (
     MAX_YIELDS,
     Answers,
@@ -105,6 +118,8 @@ _NOW_MS = "CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT)"
 _DEFAULT_LEASE_MS = 30_000
 #: Most calls one transaction serves (a batch of claims, or of heartbeats and finishes).
 MAX_BATCH = 128
+#: After this many calls found the session functions gone, claims stop using them.
+MAX_VANISHED = 3
 
 
 def _classify(exc: BaseException) -> Kind:
@@ -174,12 +189,19 @@ class PostgresBackend(Backend):
     :param read_only: read history only: create, upgrade and write nothing (a role with
         ``SELECT`` on the two tables is enough); every write raises
         :class:`~anarchon_core.errors.ReadOnlyError`.
+    :param transaction_pooling: ``True`` behind a proxy that gives each transaction another
+        server session (PgBouncer in transaction mode): anarchon then keeps nothing in a
+        session (no temporary functions, no prepared statements, its timeouts set per
+        transaction) and a claim takes two round trips. By default a claim is one round
+        trip, through the session's own temporary functions
+        (:mod:`~anarchon_core.backends.pgfunctions`); a role without the ``TEMPORARY``
+        right, or a session that keeps losing them, falls back by itself, with a warning.
     """
 
     def __init__(
         self, connection: Connection | None = None, *,
         table: str = "anarchon_runs", timeout_ms: int = 5_000,
-        read_only: bool = False,
+        read_only: bool = False, transaction_pooling: bool = False,
     ) -> None:
         names = sql_names("postgresql", table)
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
@@ -195,8 +217,13 @@ class PostgresBackend(Backend):
         self._names = names
         # A lock wait reports itself as such (LockNotAvailable), before the statement limit.
         settings = {"timeout": str(timeout_ms), "statement_timeout": str(2 * timeout_ms)}
-        self._source = _make_source(connection, settings)
+        self.transaction_pooling = parse_flag("transaction_pooling", transaction_pooling)
+        self._source = _make_source(connection, settings, self.transaction_pooling)
         self._sql = self._build_sql(has_meta=True)
+        #: Claims and lease updates call session functions (False once the role was refused
+        #: creating them, or they kept vanishing).
+        self._functions = not self.transaction_pooling
+        self._vanished = 0
         self._started = False
         # As many batches in flight as transactions the source runs at once.
         self._claims: Batched[ClaimRequest, ClaimResult] = Batched(
@@ -206,22 +233,24 @@ class PostgresBackend(Backend):
 
     def _build_sql(self, *, has_meta: bool) -> dict[str, str]:
         runs, meta = self._names.runs, self._names.meta
-        # Keyed on the table's oid: one key per table whatever name or search_path reached it.
-        key = sql.SQL("hashtextextended({}, CAST(CAST(CAST({} AS regclass) AS oid) AS BIGINT))")
-        queries = SqlQueries.render(
-            runs=runs, meta=meta, now=_NOW_MS, placeholder="%({})s", has_meta=has_meta,
-            lock_job=sql.SQL("SELECT pg_advisory_xact_lock({})").format(
-                key.format(sql.SQL(":lock_key"), sql.Literal(runs))).as_string(),
-            # Sorted by the key itself: every transaction takes its locks in one order.
-            # The ORDER BY and DISTINCT keep the subquery apart, so the locks are taken
-            # row by row in that order.
-            lock_jobs=sql.SQL(
-                "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT {} AS k "
-                "FROM unnest(CAST(:lock_keys AS TEXT[])) AS j ORDER BY k) AS keys"
-            ).format(key.format(sql.SQL("j"), sql.Literal(runs))).as_string(),
-        )
+        queries = self._render(placeholder="%({})s", has_meta=has_meta)
+        # The claim's read of the run takes its row lock: a heartbeat, finish or release of
+        # that attempt waits for the claim (they take no job lock of their own).
+        current_locked = queries["current"] + " FOR UPDATE"
+        # The same statements with PL/pgSQL variables, for the session's claim function.
+        in_function = {**self._render(placeholder="v_{}", has_meta=has_meta).text}
+        in_function["current_locked"] = in_function["current"] + " FOR UPDATE"
+        function = function_name(runs)
+        create_function = claim_function(function, in_function, _NOW_MS)
+        updater = function_name(runs, "update")
         return {
             **queries.text,
+            "current": current_locked,
+            "claim_call": claim_call(function),
+            # Sent as is (never through mogrify) before the first claim call of a session.
+            "create:claim_call": create_function,
+            "update_call": update_call(updater),
+            "create:update_call": update_function(updater, in_function),
             "ddl_lock": "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))",
             "exists": sql.SQL(
                 "SELECT to_regclass({}) IS NOT NULL, to_regclass({}) IS NOT NULL"
@@ -239,16 +268,34 @@ class PostgresBackend(Backend):
                enumerate(sql_upgrade("postgresql", self.table))},
         }
 
+    def _render(self, *, placeholder: str, has_meta: bool) -> SqlQueries:
+        runs, meta = self._names.runs, self._names.meta
+        # Keyed on the table's oid: one key per table whatever name or search_path reached it.
+        key = sql.SQL("hashtextextended({}, CAST(CAST(CAST({} AS regclass) AS oid) AS BIGINT))")
+        return SqlQueries.render(
+            runs=runs, meta=meta, now=_NOW_MS, placeholder=placeholder, has_meta=has_meta,
+            lock_job=sql.SQL("SELECT pg_advisory_xact_lock({})").format(
+                key.format(sql.SQL(":lock_key"), sql.Literal(runs))).as_string(),
+            # Sorted by the key itself: every transaction takes its locks in one order.
+            # The ORDER BY and DISTINCT keep the subquery apart, so the locks are taken
+            # row by row in that order.
+            lock_jobs=sql.SQL(
+                "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT {} AS k "
+                "FROM unnest(CAST(:lock_keys AS TEXT[])) AS j ORDER BY k) AS keys"
+            ).format(key.format(sql.SQL("j"), sql.Literal(runs))).as_string(),
+        )
+
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresBackend:
         """``postgresql://user:password@host:5432/db?table=shipping.cron_runs``.
 
-        ``table`` and ``read_only`` are read out of the query string; the other parameters
+        ``table``, ``read_only`` and ``transaction_pooling`` are read out of the query
+        string; the other parameters
         go to libpq (``sslmode``, ``application_name``...). Keyword ``options`` override
         the URL.
         """
         _, params = split_namespace_params(url)
-        unknown = sorted(set(params) - {"table", "read_only"})
+        unknown = sorted(set(params) - {"table", "read_only", "transaction_pooling"})
         if unknown:
             raise ConfigError(
                 f"invalid PostgreSQL URL {mask_url(url)!r}: parameter {unknown[0]!r} is not "
@@ -395,11 +442,46 @@ class PostgresBackend(Backend):
         return await self._claims.call(request)
 
     async def _claim_many(self, requests: list[ClaimRequest]) -> Answers[ClaimResult]:
+        return await run_rounds(requests, lambda r: r.job, self._claim_group)
+
+    async def _claim_group(self, group: list[ClaimRequest]) -> list[ClaimResult]:
+        """Claims of distinct jobs in one transaction: one call of the claim function."""
         retention = self.retention
-        return await run_rounds(
-            requests, lambda r: r.job,
-            lambda group: self._run(lambda: claim_batch_steps(group, retention),
-                                    what="claim"))
+        return await self._with_functions(lambda: claim_call_steps(group, retention),
+                                          lambda: claim_batch_steps(group, retention), "claim")
+
+    async def _with_functions(self, work: Work[T], fallback: Work[T], what: str) -> T:
+        """``work`` (calls of the session functions), or ``fallback`` without them.
+
+        A role that may not create them (no ``TEMPORARY`` right on the database) runs
+        ``fallback`` from then on (a claim takes two round trips), with one warning.
+        """
+        if not self._functions:
+            return await self._run(fallback, what=what)
+        try:
+            return await self._run(work, what=what)
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, _FunctionVanished):
+                self._vanished += 1
+                if self._vanished >= MAX_VANISHED and self._functions:
+                    self._functions = False
+                    logger.warning(
+                        "%s: the session's temporary functions vanished %d times (a proxy "
+                        "that changes the server session, such as PgBouncer in transaction "
+                        "mode?), so each claim takes two round trips from now on; say "
+                        "transaction_pooling=True", self.describe(), self._vanished)
+            raise
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.InsufficientPrivilege):
+                raise
+            result = await self._run(fallback, what=what)
+            if self._functions:
+                self._functions = False
+                logger.warning(
+                    "%s: this role may not create temporary functions (%s), so each "
+                    "claim takes two round trips; grant it TEMPORARY on the database",
+                    self.describe(), exc.__cause__)
+            return result
 
     async def _update(self, query: str, ref: RunRef, params: dict[str, Any]) -> bool:
         refuse_write(self, query)
@@ -408,10 +490,7 @@ class PostgresBackend(Backend):
         return await self._updates.call(Update(query, ref, params, recheck))
 
     async def _update_many(self, updates: list[Update]) -> Answers[bool]:
-        answers = await run_rounds(
-            updates, lambda u: u.attempt_key,
-            lambda group: self._run(lambda: update_batch_steps(group),
-                                    what="/".join(sorted({u.query for u in group}))))
+        answers = await run_rounds(updates, lambda u: u.attempt_key, self._update_group)
         for update, answer in zip(updates, answers, strict=True):
             if update.query != "finish":
                 continue
@@ -424,6 +503,18 @@ class PostgresBackend(Backend):
             elif not isinstance(answer, BaseException):
                 self._uncertain.discard(update.ref.token)
         return answers
+
+    async def _update_group(self, group: list[Update]) -> list[bool]:
+        """Updates of distinct attempts in one transaction.
+
+        A lone one is its own statement; more are one call of the update function (a
+        batch with a finish to recheck reads that attempt first, in two round trips).
+        """
+        what = "/".join(sorted({u.query for u in group}))
+        fallback: Work[list[bool]] = lambda: update_batch_steps(group, lock=False)  # noqa: E731
+        if len(group) == 1 or any(u.recheck for u in group):
+            return await self._run(fallback, what=what)
+        return await self._with_functions(lambda: update_call_steps(group), fallback, what)
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""
@@ -547,7 +638,10 @@ def _too_many() -> RuntimeError:
 # before it runs any of it, and it sits "idle in transaction" (its timeout armed) between
 # messages, so a client frozen halfway can never hold a job's lock past that timeout. (In
 # pipeline mode it could: the server arms that timeout only at a Sync, and psycopg writes
-# each pipelined statement out as it is queued.)
+# each pipelined statement out as it is queued.) A transaction that is one message on an
+# autocommit connection of anarchon's own needs neither ``BEGIN`` nor ``COMMIT`` (one
+# message is one transaction); if it is one statement, its parameters are bound by the
+# server instead, so psycopg prepares it once it has been run a few times.
 
 
 def _message(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
@@ -583,16 +677,22 @@ class _Send:
 
     text: str
     keep: list[bool | None]
+    #: The parameters of a lone statement (``text`` has their placeholders), bound by the
+    #: server; None: ``text`` is complete.
+    params: dict[str, Any] | None = None
 
 
 def _messages(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
-              queries: dict[str, str], steps: Steps[T], head: list[str]
-              ) -> Generator[_Send, list[Any], T]:
+              queries: dict[str, str], steps: Steps[T], head: list[str],
+              session: _SessionFunctions) -> Generator[_Send, list[Any], T]:
     """The messages of ``steps``' transaction; each is sent back the replies it kept.
 
     No I/O here: :func:`_drive_async` and :func:`_drive_sync` send each message and read
     its results, so both drivers run the same transaction. The value is the steps' result,
     returned once the message carrying ``COMMIT`` has been answered.
+
+    A transaction that is one message on an autocommit connection goes without ``BEGIN``
+    and ``COMMIT``: the statements of one Query message are one transaction already.
     """
     reply: Any = None
     for _ in range(MAX_YIELDS):
@@ -603,9 +703,15 @@ def _messages(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
             result: T = done.value
             return result
         batch, last = _as_list(item), isinstance(item, Last)
-        text = _message(cur, queries, head, batch, commit=last)
+        commit = last
+        if last and head == ["BEGIN"]:
+            head, commit = [], False
+        head = [*head, *session.prelude(queries, batch)]
         replies: list[Any] = []
-        if text:
+        if not head and not commit and len(batch) == 1:
+            # One statement alone: bound by the server, so the driver may prepare it.
+            replies = yield _Send(queries[batch[0].query], [batch[0].rows], batch[0].params)
+        elif text := _message(cur, queries, head, batch, commit=commit):
             replies = yield _Send(text, [None] * len(head) + [step.rows for step in batch])
         head = []
         reply = replies if isinstance(item, list) else replies[0]
@@ -614,7 +720,61 @@ def _messages(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
     raise _too_many()
 
 
-def _walk_results(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
+class _FunctionVanished(psycopg.OperationalError):
+    """A session function was gone: created again by the next call (transient)."""
+
+
+#: The session functions (``pg_temp``) each connection has created, by their ``CREATE``.
+_CREATED: weakref.WeakKeyDictionary[psycopg.BaseConnection[Any], set[str]] = \
+    weakref.WeakKeyDictionary()
+
+
+class _SessionFunctions:
+    """The session functions one transaction calls: created first where still missing.
+
+    A step whose query ``q`` has a ``"create:q"`` companion calls a ``pg_temp`` function;
+    the first message that calls it on a connection creates it first. It counts as created
+    once the transaction committed (a rolled-back ``CREATE`` is gone again).
+    """
+
+    def __init__(self, conn: psycopg.BaseConnection[Any]) -> None:
+        self.made = _CREATED.setdefault(conn, set())
+        self.new: list[str] = []
+        self.used = False
+
+    def prelude(self, queries: dict[str, str], steps: list[Step]) -> list[str]:
+        """The ``CREATE`` statements ``steps`` need before them on this connection."""
+        out = []
+        for step in steps:
+            create = queries.get("create:" + step.query)
+            if create is None:
+                continue
+            self.used = True
+            if create not in self.made and create not in self.new:
+                self.new.append(create)
+                out.append(create)
+        return out
+
+    def committed(self) -> None:
+        self.made.update(self.new)
+
+    def lost(self, exc: psycopg.Error) -> psycopg.Error:
+        """``exc``, or a transient error when a session function had vanished.
+
+        A pool's reset (``DISCARD ALL``) drops ``pg_temp``: the function is created again
+        by the next call, which the scheduler makes as for any dropped connection.
+        """
+        if not (self.used and isinstance(exc, psycopg.errors.UndefinedFunction)):
+            return exc
+        self.made.clear()
+        lost = _FunctionVanished(
+            f"a session function of anarchon was dropped (a reset of the session?): {exc}; "
+            "it is created again on the next call")
+        lost.__cause__ = exc
+        return lost
+
+
+def _walk_results(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any],
                   keep: list[bool | None]) -> Generator[bool, Any, list[Any]]:
     """Walk the results of one message: yields where rows must be fetched, and is sent them.
 
@@ -638,24 +798,33 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, st
     """
     _check_idle(conn)
     cur = psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
-    messages = _messages(cur, queries, steps, _head(conn, settings, cur))
+    session = _SessionFunctions(conn)
+    messages = _messages(cur, queries, steps, _head(conn, settings, cur), session)
+    bound: psycopg.AsyncCursor[Any] | None = None
     try:
         send = next(messages)
         while True:
-            await cur.execute(send.text)
-            walk = _walk_results(cur, send.keep)
+            if send.params is None:
+                used: psycopg.AsyncCursor[Any] = cur
+                await cur.execute(send.text)
+            else:
+                used = bound = bound or conn.cursor(row_factory=tuple_row)
+                await bound.execute(send.text, send.params)
+            walk = _walk_results(used, send.keep)
             try:
                 walk.send(None)
                 while True:
-                    walk.send(await cur.fetchall())
+                    walk.send(await used.fetchall())
             except StopIteration as read:
                 send = messages.send(read.value)
     except StopIteration as done:
+        session.committed()
         result: T = done.value
         return result
     except BaseException as exc:
         await _rollback_async(conn)
-        if isinstance(exc, psycopg.Error) and (lost := _lost(exc, conn)) is not exc:
+        if isinstance(exc, psycopg.Error) and (lost := _lost(session.lost(exc), conn)) \
+                is not exc:
             raise lost from exc
         raise
 
@@ -677,24 +846,33 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
     """The blocking twin of :func:`_drive_async`, for a user's synchronous connection."""
     _check_idle(conn)
     cur = psycopg.ClientCursor(conn, row_factory=tuple_row)
-    messages = _messages(cur, queries, steps, _head(conn, settings, cur))
+    session = _SessionFunctions(conn)
+    messages = _messages(cur, queries, steps, _head(conn, settings, cur), session)
+    bound: psycopg.Cursor[Any] | None = None
     try:
         send = next(messages)
         while True:
-            cur.execute(send.text)
-            walk = _walk_results(cur, send.keep)
+            if send.params is None:
+                used: psycopg.Cursor[Any] = cur
+                cur.execute(send.text)
+            else:
+                used = bound = bound or conn.cursor(row_factory=tuple_row)
+                bound.execute(send.text, send.params)
+            walk = _walk_results(used, send.keep)
             try:
                 walk.send(None)
                 while True:
-                    walk.send(cur.fetchall())
+                    walk.send(used.fetchall())
             except StopIteration as read:
                 send = messages.send(read.value)
     except StopIteration as done:
+        session.committed()
         result: T = done.value
         return result
     except BaseException as exc:
         _rollback_sync(conn)
-        if isinstance(exc, psycopg.Error) and (lost := _lost(exc, conn)) is not exc:
+        if isinstance(exc, psycopg.Error) and (lost := _lost(session.lost(exc), conn)) \
+                is not exc:
             raise lost from exc
         raise
 
@@ -751,10 +929,12 @@ class _OwnedConnection:
 
     parallel = OWN_CONNECTIONS
 
-    def __init__(self, conninfo: str, settings: dict[str, str]) -> None:
+    def __init__(self, conninfo: str, settings: dict[str, str], pooled: bool = False) -> None:
         params = check_postgres_conninfo(conninfo, conninfo_to_dict)
         self.conninfo = conninfo
         self.settings = settings
+        #: Behind a transaction-pooling proxy: nothing kept in the server session.
+        self.pooled = pooled
         self.given = params
         self.lease_ms: int | None = None
         self.extra: dict[str, Any] = {}
@@ -778,6 +958,8 @@ class _OwnedConnection:
             "tcp_user_timeout": t.tcp_user_timeout_ms,
         }
         self.extra = {k: v for k, v in wanted.items() if k == "autocommit" or k not in self.given}
+        if self.pooled:
+            self.extra["prepare_threshold"] = None
 
     @property
     def connect_bound_s(self) -> float:
@@ -795,6 +977,8 @@ class _OwnedConnection:
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         async def connect() -> psycopg.AsyncConnection[Any]:
             conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.extra)
+            if self.pooled:
+                return conn
             try:
                 await conn.execute(_SETTINGS.format(scope="false"), self.settings)
             except BaseException:
@@ -833,7 +1017,8 @@ class _OwnedConnection:
             try:
                 limit = self.timeouts.transaction_s
                 try:
-                    return await _within(_drive_async(conn, queries, steps, None), limit)
+                    settings = self.settings if self.pooled else None
+                    return await _within(_drive_async(conn, queries, steps, settings), limit)
                 except asyncio.TimeoutError:
                     raise psycopg.OperationalError(
                         f"no answer from the server within {limit:g} s") from None
@@ -931,13 +1116,13 @@ class _UserSyncPool:
         return None
 
 
-def _make_source(connection: object, settings: dict[str, str]) -> _Source:
+def _make_source(connection: object, settings: dict[str, str], pooled: bool) -> _Source:
     if connection is None:
-        return _OwnedConnection("", settings)
+        return _OwnedConnection("", settings, pooled)
     if isinstance(connection, str):
         if not connection.strip():
             raise ConfigError("invalid connection '': expected a PostgreSQL URL or conninfo")
-        return _OwnedConnection(connection, settings)
+        return _OwnedConnection(connection, settings, pooled)
     if isinstance(connection, psycopg.AsyncConnection):
         return _UserAsyncConnection(connection, settings)
     if isinstance(connection, psycopg.Connection):

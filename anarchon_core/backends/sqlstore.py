@@ -350,29 +350,33 @@ class Update:
         return (self.ref.job, self.ref.slot, self.ref.manual, self.ref.attempt)
 
 
-def update_batch_steps(updates: Sequence[Update]) -> Steps[list[bool]]:
+def update_batch_steps(updates: Sequence[Update], *, lock: bool = True) -> Steps[list[bool]]:
     """Heartbeats, finishes and releases of distinct attempts in one transaction.
 
-    Under the locks of their jobs, as claims; each acts only while its token holds the
-    running attempt (its statement checks it). The statements go with the ``COMMIT``; a
-    finish to recheck needs one list of reads before them.
+    With ``lock``, under the locks of their jobs, as claims (PostgreSQL passes False: its
+    claims read the run ``FOR UPDATE``, so the row lock each statement takes serialises
+    it with them); each acts only while its token holds the running attempt (its
+    statement checks it). The statements go with the ``COMMIT``, in the order of their
+    attempts (every transaction locks rows in that one order); a finish to recheck needs
+    one list of reads before them.
     """
     if len({u.attempt_key for u in updates}) != len(updates):
         raise ValueError("an update batch holds at most one call per attempt")
     if not updates:
         return []
-    head = [_lock_step(sorted({u.ref.job for u in updates}))]
+    head = [_lock_step(sorted({u.ref.job for u in updates}))] if lock else []
     done = [False] * len(updates)
     rechecks = [i for i, u in enumerate(updates) if u.recheck]
     if rechecks:
         replies = yield [*head, *(Step("attempt_status", ref_params(updates[i].ref))
                                   for i in rechecks)]
-        for i, rows in zip(rechecks, replies[1:], strict=True):
+        for i, rows in zip(rechecks, replies[len(head):], strict=True):
             params = updates[i].params
             done[i] = bool(rows) and (rows[0][0], rows[0][1]) == (params["status"],
                                                                   params["error"])
         head = []
-    todo = [i for i in range(len(updates)) if not done[i]]
+    todo = sorted((i for i in range(len(updates)) if not done[i]),
+                  key=lambda i: updates[i].attempt_key)
     replies = yield Last([*head, *(Step(updates[i].query, updates[i].params, rows=False)
                                    for i in todo)])
     for i, count in zip(todo, replies[len(head):], strict=True):

@@ -1,5 +1,10 @@
 """The shared PostgreSQL server: one table per namespace, dropped at the end of the session.
 
+``postgres`` claims through the session functions (one round trip); ``postgres-two-trips``
+is the same store with ``transaction_pooling=True``, the path a role without the
+``TEMPORARY`` right takes too (the Python decision table, two round trips per claim, the
+timeouts set per transaction, nothing prepared).
+
 ``ANARCHON_TEST_POSTGRES_URL`` overrides the server (default the local one, database
 ``test``).
 """
@@ -42,13 +47,13 @@ def drop_tables(conn: psycopg.Connection[Any], tables: Iterable[str]) -> None:
 
 
 @contextmanager
-def _open() -> Iterator[StoreHandle]:
+def _open(transaction_pooling: bool = False) -> Iterator[StoreHandle]:
     conn = connect()
     used: set[str] = set()
 
     def backend(ns: str) -> PostgresBackend:
         used.add(ns)
-        return PostgresBackend(POSTGRES_URL, table=ns)
+        return PostgresBackend(POSTGRES_URL, table=ns, transaction_pooling=transaction_pooling)
 
     def url(ns: str) -> str:
         used.add(ns)
@@ -74,4 +79,9 @@ def _open() -> Iterator[StoreHandle]:
             conn.close()
 
 
-STORES = [StoreSpec("postgres", leases=True, open=_open)]
+STORES = [
+    StoreSpec("postgres", leases=True, open=_open),
+    # In-process suites only: processes started by URL use the default path.
+    StoreSpec("postgres-two-trips", leases=True, open=lambda: _open(transaction_pooling=True),
+              persistent=False),
+]

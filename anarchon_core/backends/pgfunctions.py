@@ -1,0 +1,290 @@
+"""PostgreSQL's claims and lease updates in one round trip: session functions.
+
+:mod:`~anarchon_core.backends.sqlstore` runs a claim as two messages: the job's lock with
+the reads, then (after :func:`~anarchon_core.decision.decide` ran in Python) the writes
+with the ``COMMIT``. Here the whole claim runs on the server: a PL/pgSQL function applies
+the decision table line for line, as the Redis ``lease_claim`` Lua script does, and a
+batch of claims is one call of it, one statement, one round trip.
+
+The function is made from the very statements the two-message claim sends (the job
+locks, the current state read ``FOR UPDATE``, the clock with the overlap check, the
+inserts, the end of an attempt and the trim), rendered with PL/pgSQL variables where the
+other path binds parameters: only the decision itself is written twice. It lives in
+``pg_temp``: each session creates its own copy before its first claim (so an instance
+always runs its own version's function, and nothing is left in the database), and it
+vanishes with the session. The conformance suite holds it to the same table as the
+Python decision.
+
+Heartbeats, finishes and releases made together go the same way: one call of a second
+function runs each one's statement (the very ``heartbeat``, ``finish`` and ``release``
+statements of :mod:`sqlstore`), in the order of their attempts, and tells which took
+effect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..backend import Retention
+from ..decision import EARLY_TOLERANCE_MS, GAVE_UP, HANDED_OVER, LEASE_EXPIRED, OVERLAP_SKIP
+from ..models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest, ClaimResult
+from .sqlstore import TRIM_EVERY, Last, Step, Steps, Update, corrupt_records
+
+__all__ = ["FUNCTION_VERSION", "claim_call", "claim_call_steps", "claim_function",
+           "function_name", "update_call", "update_call_steps", "update_function"]
+
+#: Part of the function's name: a release that changes the function changes it.
+FUNCTION_VERSION = 1
+#: The statements of :mod:`sqlstore` the function is made of (rendered with ``v_`` names).
+USED_QUERIES = ("lock_jobs", "current", "current_locked", "other_live", "insert_attempt",
+                "end_attempt", "trim", "trim_ttl")
+
+
+def function_name(runs: str, kind: str = "claim") -> str:
+    """The name of the session function ``kind`` (``claim``, ``update``) for ``runs``."""
+    digest = hashlib.sha1(f"{runs}:{FUNCTION_VERSION}".encode()).hexdigest()[:16]
+    return f"anarchon_{kind}_{digest}"
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def claim_function(name: str, q: Mapping[str, str], now: str) -> str:
+    """``CREATE FUNCTION pg_temp.<name>`` from the statements ``q`` and the clock ``now``.
+
+    ``q`` holds :data:`USED_QUERIES` rendered with ``v_<name>`` for each ``:name``
+    parameter; ``q["current_locked"]`` is ``q["current"]`` read ``FOR UPDATE``. A run
+    whose lease may have expired is read again that way before it is taken over, so a
+    heartbeat or finish in flight ends first (and one that comes after finds itself
+    fenced); a claim that only answers ``running`` or ``done`` locks no row.
+    """
+    missing = [key for key in USED_QUERIES if key not in q]
+    if missing:
+        raise ValueError(f"claim function: missing statements {missing}")
+
+    def write(status: str, error: str, finished: str, lease: str, attempt: str) -> str:
+        return (f"v_attempt := {attempt}; v_status := {status}; v_error := {error}; "
+                f"v_finished_at := {finished}; v_lease_until := {lease}; "
+                f"{q['insert_attempt']};")
+
+    def end(error: str) -> str:
+        return (f"v_attempt := c_attempt; v_status := 'interrupted'; v_error := {error}; "
+                f"{q['end_attempt']};")
+
+    trim = (f"IF r.trim_history THEN v_keep_after := v_now - v_keep_ms; "
+            f"IF v_ttl_ms IS NULL THEN {q['trim']}; ELSE v_ttl_cutoff := v_now - v_ttl_ms; "
+            f"{q['trim_ttl']}; END IF; END IF;")
+    skip = "'skipped'"
+    return f"""CREATE OR REPLACE FUNCTION pg_temp.{name}(
+    p_claims JSON, v_keep_runs BIGINT, v_keep_ms BIGINT, v_ttl_ms BIGINT)
+RETURNS TABLE (o_i INTEGER, o_outcome TEXT, o_attempt INTEGER, o_lease BIGINT, o_stored TEXT)
+LANGUAGE plpgsql VOLATILE AS $anarchon$
+DECLARE
+    r RECORD;
+    v_lock_keys TEXT[];
+    v_job TEXT; v_slot BIGINT; v_manual INTEGER; v_token TEXT; v_runner TEXT;
+    v_attempt INTEGER; v_status TEXT; v_error TEXT; v_lease_until BIGINT;
+    v_finished_at BIGINT; v_now BIGINT; v_live BOOLEAN;
+    v_keep_after BIGINT; v_ttl_cutoff BIGINT;
+    c_attempt INTEGER; c_token TEXT; c_status TEXT; c_lease BIGINT;
+BEGIN
+    -- Every job's lock first, in one fixed order (the order of the two-message claim).
+    SELECT array_agg(c.job) INTO v_lock_keys FROM json_to_recordset(p_claims) AS c(job TEXT);
+    PERFORM * FROM ({q['lock_jobs']}) AS locks;
+    FOR r IN SELECT * FROM json_to_recordset(p_claims) AS c({_CLAIM_FIELDS}) LOOP
+        v_job := r.job; v_slot := r.slot; v_manual := r.manual;
+        v_token := r.token; v_runner := r.runner;
+        o_i := r.i; o_outcome := NULL; o_attempt := 0; o_lease := NULL; o_stored := NULL;
+        SELECT * INTO c_attempt, c_token, c_status, c_lease FROM ({q['current']}) AS cur;
+        IF NOT FOUND THEN
+            IF r.overlap THEN
+                v_now := {now}; v_live := FALSE;
+            ELSE
+                SELECT * INTO v_now, v_live FROM ({q['other_live']}) AS live;
+            END IF;
+            IF v_slot > v_now + {EARLY_TOLERANCE_MS} AND v_manual = 0 THEN
+                o_outcome := 'early';
+            ELSIF r.missed IS NOT NULL THEN
+                {write("'missed'", "r.missed", "v_now", "NULL", "1")}
+                o_outcome := 'late'; o_attempt := 1;
+            ELSIF r.max_late_ms IS NOT NULL AND v_now > v_slot + r.max_late_ms THEN
+                {write(skip, "format('late: first claimed %s ms after its time "
+                       "(max_late_ms=%s)', v_now - v_slot, r.max_late_ms)",
+                       "v_now", "NULL", "1")}
+                o_outcome := 'late'; o_attempt := 1;
+            ELSIF v_live THEN
+                {write(skip, _literal(OVERLAP_SKIP), "v_now", "NULL", "1")}
+                o_outcome := 'overlap'; o_attempt := 1;
+            ELSE
+                {write("'running'", "NULL", "NULL", "v_now + r.lease_ms", "1")}
+                {trim}
+                o_outcome := 'won'; o_attempt := 1; o_lease := v_lease_until;
+            END IF;
+        ELSE
+            v_now := {now};
+            IF c_status = 'running' AND r.missed IS NULL AND c_token <> v_token
+                    AND (c_lease IS NULL OR c_lease <= v_now) THEN
+                SELECT * INTO c_attempt, c_token, c_status, c_lease
+                    FROM ({q['current_locked']}) AS cur;
+                v_now := {now};
+            END IF;
+            o_attempt := c_attempt; o_stored := c_status;
+            IF c_status IS DISTINCT FROM 'running' THEN
+                o_outcome := 'done';
+            ELSIF r.missed IS NOT NULL THEN
+                o_outcome := 'running'; o_lease := c_lease;
+            ELSIF c_token = v_token THEN
+                o_outcome := 'won'; o_lease := c_lease;
+            ELSIF c_lease IS NOT NULL AND c_lease > v_now THEN
+                o_outcome := 'running'; o_lease := c_lease;
+            ELSIF c_attempt < r.max_attempts THEN
+                {end(_literal(LEASE_EXPIRED))}
+                {write("'running'", "NULL", "NULL", "v_now + r.lease_ms", "c_attempt + 1")}
+                {trim}
+                o_outcome := 'won'; o_attempt := v_attempt; o_lease := v_lease_until;
+            ELSE
+                {end(_literal(GAVE_UP))}
+                o_outcome := 'done';
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$anarchon$"""
+
+
+#: The fields of each claim in the function's JSON argument, with their SQL types.
+_CLAIM_FIELDS = ("i INTEGER, job TEXT, slot BIGINT, manual INTEGER, token TEXT, runner TEXT, "
+                 "lease_ms BIGINT, overlap BOOLEAN, max_attempts INTEGER, max_late_ms BIGINT, "
+                 "missed TEXT, trim_history BOOLEAN")
+
+
+def claim_call(name: str) -> str:
+    """The statement that calls the claim function (``%(name)s`` parameters).
+
+    The claims go as one JSON array: encoding it costs the client a fraction of binding
+    one array per field.
+    """
+    return (f"SELECT * FROM pg_temp.{name}(CAST(%(claims)s AS JSON), CAST(%(keep_runs)s AS "
+            "BIGINT), CAST(%(keep_ms)s AS BIGINT), CAST(%(ttl_ms)s AS BIGINT))")
+
+
+def claim_call_steps(reqs: Sequence[ClaimRequest],
+                     retention: Retention) -> Steps[list[ClaimResult]]:
+    """Claims of distinct jobs as one call of the function: one statement.
+
+    The claims go in the order of their jobs (the order every transaction takes row locks
+    in); the answers come back in ``reqs``' order.
+    """
+    if len({req.job for req in reqs}) != len(reqs):
+        raise ValueError("a claim batch holds at most one claim per job")
+    if not reqs:
+        return []
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].job)
+    claims = [{"i": i, "job": r.job, "slot": r.slot, "manual": int(r.manual), "token": r.token,
+               "runner": r.runner, "lease_ms": r.lease_ms, "overlap": r.overlap,
+               "max_attempts": r.max_attempts, "max_late_ms": r.max_late_ms,
+               "missed": r.missed, "trim_history": random.random() < 1 / TRIM_EVERY}
+              for i, r in ((i, reqs[i]) for i in order)]
+    params = {"claims": json.dumps(claims), "keep_runs": retention.history_size,
+              "keep_ms": retention.keep_ms, "ttl_ms": retention.history_ttl_ms}
+    [rows] = yield Last([Step("claim_call", params)])
+    results = {int(row[0]): _result(reqs[int(row[0])], row[1:]) for row in rows}
+    if len(results) != len(reqs) or set(results) != set(range(len(reqs))):
+        raise RuntimeError(f"the claim function answered {len(rows)} of {len(reqs)} claims")
+    return [results[i] for i in range(len(reqs))]
+
+
+def _result(req: ClaimRequest, row: Sequence[Any]) -> ClaimResult:
+    """The answer to ``req`` from its row of the function's result."""
+    outcome, attempt, lease, stored = row
+    if stored is not None and stored not in FINISHED_STATUSES and stored != "running":
+        corrupt_records.report("table row", req.job, f"slot {req.slot} attempt {attempt}",
+                               f"unknown status {stored!r}; the run is left alone")
+    result = ClaimOutcome(outcome)
+    return ClaimResult(result, int(attempt), req.token if result is ClaimOutcome.WON else None,
+                       None if lease is None else int(lease))
+
+
+#: The statements of :mod:`sqlstore` the update function is made of.
+UPDATE_QUERIES = ("heartbeat", "finish", "release")
+#: The fields of each call in the update function's JSON argument, with their SQL types.
+_UPDATE_FIELDS = ("i INTEGER, kind TEXT, job TEXT, slot BIGINT, manual INTEGER, "
+                  "attempt INTEGER, token TEXT, lease_ms BIGINT, status TEXT, error TEXT, "
+                  "meta TEXT")
+
+
+def update_function(name: str, q: Mapping[str, str]) -> str:
+    """``CREATE FUNCTION pg_temp.<name>``: heartbeats, finishes and releases in a batch.
+
+    Each item runs its own statement of ``q`` (rendered with ``v_`` names, as for
+    :func:`claim_function`), in the order given; the function returns, per item, whether
+    it took effect.
+    """
+    missing = [key for key in UPDATE_QUERIES if key not in q]
+    if missing:
+        raise ValueError(f"update function: missing statements {missing}")
+    return f"""CREATE OR REPLACE FUNCTION pg_temp.{name}(p_updates JSON, v_handed_over TEXT)
+RETURNS TABLE (o_i INTEGER, o_done BOOLEAN)
+LANGUAGE plpgsql VOLATILE AS $anarchon$
+DECLARE
+    r RECORD;
+    v_job TEXT; v_slot BIGINT; v_manual INTEGER; v_attempt INTEGER; v_token TEXT;
+    v_lease_ms BIGINT; v_status TEXT; v_error TEXT; v_meta TEXT;
+BEGIN
+    FOR r IN SELECT * FROM json_to_recordset(p_updates) AS u({_UPDATE_FIELDS}) LOOP
+        v_job := r.job; v_slot := r.slot; v_manual := r.manual;
+        v_attempt := r.attempt; v_token := r.token;
+        IF r.kind = 'heartbeat' THEN
+            v_lease_ms := r.lease_ms;
+            {q['heartbeat']};
+        ELSIF r.kind = 'finish' THEN
+            v_status := r.status; v_error := r.error; v_meta := r.meta;
+            {q['finish']};
+        ELSIF r.kind = 'release' THEN
+            {q['release']};
+        ELSE
+            RAISE EXCEPTION 'unknown lease update %', r.kind;
+        END IF;
+        o_i := r.i; o_done := FOUND;
+        RETURN NEXT;
+    END LOOP;
+END
+$anarchon$"""
+
+
+def update_call(name: str) -> str:
+    """The statement that calls the update function (``%(name)s`` parameters)."""
+    return (f"SELECT * FROM pg_temp.{name}(CAST(%(updates)s AS JSON), "
+            "CAST(%(handed_over)s AS TEXT))")
+
+
+def update_call_steps(updates: Sequence[Update]) -> Steps[list[bool]]:
+    """Heartbeats, finishes and releases of distinct attempts as one call: one statement.
+
+    In the order of their attempts (the order every transaction locks rows in); the
+    answers come back in ``updates``' order. A finish to recheck is not for this path.
+    """
+    if len({u.attempt_key for u in updates}) != len(updates):
+        raise ValueError("an update batch holds at most one call per attempt")
+    if any(u.recheck for u in updates):
+        raise ValueError("a finish to recheck reads its attempt first (update_batch_steps)")
+    if not updates:
+        return []
+    order = sorted(range(len(updates)), key=lambda i: updates[i].attempt_key)
+    calls = [{"i": i, "kind": u.query, "job": u.ref.job, "slot": u.ref.slot,
+              "manual": int(u.ref.manual), "attempt": u.ref.attempt, "token": u.ref.token,
+              "lease_ms": u.params.get("lease_ms"), "status": u.params.get("status"),
+              "error": u.params.get("error"), "meta": u.params.get("meta")}
+             for i, u in ((i, updates[i]) for i in order)]
+    params = {"updates": json.dumps(calls), "handed_over": HANDED_OVER}
+    [rows] = yield Last([Step("update_call", params)])
+    done = {int(i): bool(ok) for i, ok in rows}
+    if set(done) != set(range(len(updates))):
+        raise RuntimeError(f"the update function answered {len(rows)} of {len(updates)} calls")
+    return [done[i] for i in range(len(updates))]
