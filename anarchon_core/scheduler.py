@@ -1106,21 +1106,33 @@ class Scheduler:
 
         One token for the whole watch: a takeover that the store committed but whose
         answer was lost is won again by the next poll (the store knows the token).
+
+        After the store was unreachable, the runner could not heartbeat or record its end
+        either, and its lease may have run out meanwhile: once the store answers again
+        (a clock read), the backup leaves the runner one lease to catch up before it
+        checks again, so a run that ended during the outage is not run a second time.
         """
         key = (slot, manual)
         if key in job.watching:
             return
         job.watching.add(key)
         request = self._request(job, slot, manual=manual)
+        unreachable = False
         try:
             while not self._stopping and self._jobs.get(job.name) is job:
                 await asyncio.sleep(self.heartbeat_ms * random.uniform(1, 2) / 1000)
+                if unreachable:
+                    unreachable = not await self._store_answers()
+                    if not unreachable:
+                        await asyncio.sleep(request.lease_ms / 1000)
+                    continue
                 sent = time.monotonic()
                 try:
                     result = await self.backend.claim(request)
                 except StoreUnavailable as exc:
                     self._health.failed("claim", exc, sent)
                     log.debug("%s slot %s: backup check failed: %s", job.name, slot, exc)
+                    unreachable = True
                     continue
                 self._health.succeeded("claim", sent)
                 if result.won:
@@ -1138,6 +1150,17 @@ class Scheduler:
                     return
         finally:
             job.watching.discard(key)
+
+    async def _store_answers(self) -> bool:
+        """Whether the store answers a clock read now."""
+        sent = time.monotonic()
+        try:
+            await self.backend.clock_ms()
+        except StoreUnavailable as exc:
+            self._health.failed("clock", exc, sent)
+            return False
+        self._health.succeeded("clock", sent)
+        return True
 
     async def _orphan_loop(self) -> None:
         """Recover runs whose runner and watchers are all gone (on start, then periodically).
