@@ -182,6 +182,12 @@ async def test_ctx_fields_for_manual_and_scheduled_runs(tmp_path: Path) -> None:
         await scheduler.start()
         scheduled = await wait_for(lambda: next((c for c in seen if not c.manual), None), 5,
                                    "a scheduled run")
+        # Its end recorded before stop(): a stop meanwhile would cancel it (cancelled=True).
+        deadline = time.monotonic() + 5
+        while not any(r.slot == scheduled.slot and r.status == "success"
+                      for r in await scheduler.backend.history("tick", 50)):
+            assert time.monotonic() < deadline, "the scheduled run's end was not recorded"
+            await asyncio.sleep(0.02)
     finally:
         await scheduler.stop()
     for ctx in (manual, scheduled):
