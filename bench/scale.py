@@ -11,7 +11,8 @@ table shows, per store: CPU seconds per minute per instance, lateness p50/p99/ma
 jitter bound it is measured against (the floor: a run cannot start before its jitter), the
 runs against the slots due (exactly once: no slot twice, none missing) and the number of
 warning/error log lines (connection errors and the like). ``--smoke`` runs 200 jobs × 2 s
-for a few seconds.
+for a few seconds. ``--gc-freeze`` calls :func:`gc.freeze` in each instance once its
+scheduler has started (see docs/benchmarks.md, Scale).
 
 ``--registration N`` registers N daily jobs in one scheduler (no store needed beyond
 SQLite), and reports start-up time, idle CPU and memory per registered job.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -61,7 +63,8 @@ class _Counter(logging.Handler):
 
 
 def _instance(url: str, jobs: int, every: str, seconds: float, index: int,  # noqa: PLR0917
-              out: mp.Queue[dict[str, Any]], drain_s: float = DRAIN_S) -> None:
+              out: mp.Queue[dict[str, Any]], drain_s: float = DRAIN_S,
+              gc_freeze: bool = False) -> None:
     counter = _Counter()
     logging.getLogger("anarchon").addHandler(counter)
     logging.getLogger("anarchon").setLevel(logging.WARNING)
@@ -76,6 +79,8 @@ def _instance(url: str, jobs: int, every: str, seconds: float, index: int,  # no
         for i in range(jobs):
             scheduler.every(f"job{i:05d}", every, handler)
         await scheduler.start()
+        if gc_freeze:
+            gc.freeze()  # what start-up made is never scanned by the collector again
         await asyncio.sleep(2.0)  # connections, first clock sync
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         began = time.time() * 1000
@@ -97,13 +102,15 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_scale(store: str, jobs: int, every: str, instances: int, seconds: float,  # noqa: PLR0917
-              workdir: Path, drain_s: float = DRAIN_S) -> dict[str, Any]:
+              workdir: Path, drain_s: float = DRAIN_S, gc_freeze: bool = False
+              ) -> dict[str, Any]:
     """Run one configuration; return the row of the table."""
     ns = f"s{uuid.uuid4().hex[:10]}"
     url = STORES[store].format(ns=ns, dir=workdir)
     ctx = mp.get_context("spawn")
     out: mp.Queue[dict[str, Any]] = ctx.Queue()
-    procs = [ctx.Process(target=_instance, args=(url, jobs, every, seconds, i, out, drain_s))
+    procs = [ctx.Process(target=_instance,
+                         args=(url, jobs, every, seconds, i, out, drain_s, gc_freeze))
              for i in range(instances)]
     for proc in procs:
         proc.start()
@@ -188,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", default="60s")
     parser.add_argument("--instances", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=130.0)
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="call gc.freeze() in each instance once its scheduler started")
     parser.add_argument("--registration", type=int, default=0, metavar="N",
                         help="measure start-up and memory of N registered daily jobs")
     add_smoke_flag(parser)
@@ -199,10 +208,11 @@ def main(argv: list[str] | None = None) -> None:
     stores = args.backend or ["redis", "postgres"]
     with tempfile.TemporaryDirectory() as tmp:
         rows = [run_scale(s, args.jobs, args.every, args.instances, args.seconds, Path(tmp),
-                          drain_s)
+                          drain_s, args.gc_freeze)
                 for s in stores]
     print(f"\n{args.jobs} jobs every {args.every}, {args.instances} instance(s), "
-          f"{args.seconds:.0f} s (no-op async handlers, default jitter)\n")
+          f"{args.seconds:.0f} s (no-op async handlers, default jitter"
+          f"{', gc.freeze() after start' if args.gc_freeze else ''})\n")
     print("| store | CPU s/min per instance | lateness p50 / p99 / max (ms) | jitter floor "
           "(ms) | runs / due | duplicates | warning lines |")
     print("|---|---|---|---|---|---|---|")
