@@ -381,7 +381,6 @@ async def test_a_finish_racing_a_takeover_never_leaves_two_runs(
     await backup.start()
     try:
         base = await owner.clock_ms()
-        outcomes = []
         for i in range(30):
             r = req("job", base + i, overlap=True, lease_ms=1)
             assert (await owner.claim(r)).won
@@ -390,7 +389,6 @@ async def test_a_finish_racing_a_takeover_never_leaves_two_runs(
                 owner.finish(ref(r), "success"),
                 backup.claim(req("job", r.slot, "b", overlap=True)))
             assert finished != taken.won, f"slot {i}: finished={finished}, claim={taken}"
-            outcomes.append(finished)
             history = {(x.attempt, x.status) for x in await owner.history("job", 100)
                        if x.slot == r.slot}
             assert history == ({(1, "success")} if finished
