@@ -105,6 +105,8 @@ class JobReport:
     due: int = 0
     run: int = 0
     successes: int = 0
+    #: Slots with a success in history, in the window or not (a shifted clock runs some early).
+    succeeded_slots: int = 0
     dup_success: list[str] = field(default_factory=list)
     fenced_starts: list[str] = field(default_factory=list)
     fenced_effects: list[str] = field(default_factory=list)
@@ -410,6 +412,8 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
     report.due = len(due)
     report.run = len([s for s in due if starts.get(s)])
     report.successes = len([s for s in due if any(r.status == "success" for r in by_slot[s])])
+    report.succeeded_slots = len([s for s, runs in by_slot.items()
+                                  if any(r.status == "success" for r in runs)])
 
     for slot in sorted(set(by_slot) | set(starts) | set(ends)):
         runs = sorted(by_slot.get(slot, []), key=lambda r: r.attempt)

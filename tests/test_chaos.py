@@ -68,8 +68,12 @@ def test_chaos_short_profile(backend: str, tmp_path: Path) -> None:
     print(table)
     assert not report.failures(), f"seed {seed}:\n{table}\n" + "\n".join(report.failures())
     assert sum(report.faults.values()) >= 3, f"seed {seed}: too few faults injected\n{table}"
-    assert report.total("successes") >= report.total("due") // 3, (
-        f"seed {seed}: most due slots did not succeed\n{table}")
+    # Enough runs succeeded for the checks to judge something. Counted over every slot in
+    # history: an instance whose clock runs up to 30 s ahead settles the window's slots
+    # before their time (runs them early, or records them missed as its clock sees them), so
+    # on a claim-only store the window itself may hold almost no success.
+    assert report.total("succeeded_slots") >= report.total("due") // 3, (
+        f"seed {seed}: too few runs succeeded to judge\n{table}")
     if backend != "sqlite":
         assert report.skew, f"seed {seed}: no clock skew was checked\n{table}"
     if backend in ("redis", "valkey", "postgres"):
@@ -162,4 +166,4 @@ def test_redis_cluster_failover_short(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["fault_problems"] == [], table
     assert not report.failures(), f"seed {seed}:\n{table}\n" + "\n".join(report.failures())
-    assert report.total("successes") >= report.total("due") // 3, table
+    assert report.total("succeeded_slots") >= report.total("due") // 3, table

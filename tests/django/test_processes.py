@@ -259,7 +259,10 @@ def test_exactly_once_across_three_workers_with_one_killed(deployment: Setup,
     [taken] = successes[killed_slot]
     assert taken.attempt == 2
     assert taken.runner != victim.instance_id
-    assert len({r.runner for s in window for r in successes[s]}) >= 2  # jitter spreads
+    # Jitter spreads the slots over the workers. Judged over every slot they ran, not the
+    # window alone: the window holds as few as 3 successes, all of which one worker may win.
+    winners = {r.runner for runs in successes.values() for r in runs}
+    assert len(winners) >= 2, (winners, sorted(successes))
 
 
 def test_sigterm_hands_the_running_slot_over(tmp_path: Path) -> None:
