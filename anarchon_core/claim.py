@@ -22,6 +22,7 @@ blocking twin for threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -123,8 +124,8 @@ class ClaimHandle:
         self._next_beat = sent_at + (self.timings.heartbeat_ms / 1000 if self.timings else 0)
         self._beat: asyncio.Task[None] | None = None
         self._beat_failures = 0
-        #: Wakes the keeper (made with it: most runs end before it starts).
-        self._changed: asyncio.Event | None = None
+        #: What the keeper waits on now; set to wake it early (a heartbeat's answer, the end).
+        self._wake: asyncio.Future[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
         #: An end record (finish/release) is on its way: a heartbeat refused meanwhile is
@@ -205,6 +206,11 @@ class ClaimHandle:
         if self.cancel_reason is not None:
             callback(self.cancel_reason)
 
+    def remove_cancel_callback(self, callback: Callable[[str], None]) -> None:
+        """Forget a callback given to :meth:`add_cancel_callback` (no error if unknown)."""
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
     def cancel(self, reason: str) -> None:
         """Ask the holder to stop (``timeout``, ``stopping``, ``lease lost``); first wins."""
         if self.cancel_reason is not None:
@@ -244,7 +250,7 @@ class ClaimHandle:
     async def _keep(self) -> None:
         assert self.timings is not None
         period = self.timings.heartbeat_ms / 1000
-        changed = self._changed = asyncio.Event()
+        loop = self.loop
         while not self._closing:
             now = time.monotonic()
             deadline = self._confirmed_until - self._margin_s
@@ -258,17 +264,15 @@ class ClaimHandle:
             if self._beat is None and now >= self._next_beat:
                 self._beat = asyncio.ensure_future(self._heartbeat_once(period))
             wake_at = deadline if self._beat is not None else min(deadline, self._next_beat)
-            changed.clear()
-            waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(changed.wait())}
-            if self._beat is not None:
-                waiters.add(self._beat)
+            # One future woken by a timer, a heartbeat's answer or the end: nothing is
+            # cancelled, so no CancelledError ties the handle into a reference cycle.
+            wake = self._wake = loop.create_future()
+            timer = loop.call_later(max(0.0, wake_at - now), _set_done, wake)
             try:
-                await asyncio.wait(waiters, timeout=max(0.0, wake_at - now),
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await wake
             finally:
-                for waiter in waiters:
-                    if waiter is not self._beat:
-                        waiter.cancel()
+                timer.cancel()
+                self._wake = None
 
     async def _heartbeat_once(self, period: float) -> None:
         assert self.timings is not None
@@ -440,8 +444,8 @@ class ClaimHandle:
         return True
 
     def _wake_keeper(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
+        if self._wake is not None:
+            _set_done(self._wake)
 
     def _start_keeper(self) -> None:
         self._keeper_start = None
@@ -457,9 +461,8 @@ class ClaimHandle:
         if self._beat is not None:
             self._beat.cancel()
             self._beat.add_done_callback(_consume)
-        if self._keeper is not None and not self._keeper.done():
-            self._keeper.cancel()
-            self._keeper.add_done_callback(_consume)
+        # The keeper, woken above, sees _closing and returns: not cancelled, so it leaves
+        # no CancelledError (and no reference cycle through it) behind.
 
     def abandon(self) -> None:
         """Stop heartbeating without recording anything: the lease expires on its own."""
@@ -546,6 +549,11 @@ class SyncClaimHandle:
 
     def __repr__(self) -> str:
         return repr(self.handle).replace("<ClaimHandle", "<SyncClaimHandle", 1)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

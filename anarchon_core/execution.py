@@ -129,6 +129,9 @@ class Attempt:
         finally:
             if self._task_cancel is not None:
                 self._task_cancel.cancel()
+            # The handle's callback list holding this attempt is a reference cycle: broken
+            # here, a finished run is freed at once instead of waiting for the collector.
+            self.handle.remove_cancel_callback(self._on_cancel)
         self._settle(code)
         try:
             await self._record()

@@ -7,6 +7,7 @@ here fails later on a claim. The limits are documented in ``docs/concepts.md``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -209,11 +210,19 @@ class JobOptions:
                 f"invalid max_attempts {shown(attempts)}: expected an int ≥ 1 and ≤ "
                 f"{MAX_ATTEMPTS}")
         catch_up = _ms("catch_up_ms", given.get("catch_up_ms", 0))
-        return cls(timeout, jitter, max_late, overlap, attempts, catch_up)
+        if cls is not JobOptions:
+            return cls(timeout, jitter, max_late, overlap, attempts, catch_up)
+        return _shared_options(timeout, jitter, max_late, overlap, attempts, catch_up)
 
     def as_dict(self) -> dict[str, Any]:
         """The options as a plain dict (for :class:`JobInfo`)."""
         return asdict(self)
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _shared_options(*values: Any) -> JobOptions:
+    """One (immutable) JobOptions per set of values: thousands of jobs share a few."""
+    return JobOptions(*values)
 
 
 def validate_lease_timings(lease_ms: object, heartbeat_ms: object) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -46,7 +46,7 @@ from .models import (
 )
 from .naming import validate_instance_id, validate_job_name
 from .options import JobOptions, validate_history, validate_lease_timings
-from .schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
+from .schedules import CronSchedule, Schedule, every_schedule, ms_to_datetime
 from .slots import slot_from_datetime
 from .sync import SyncScheduler
 from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
@@ -98,7 +98,13 @@ class _Job:
     fires: bool = True
     #: ``define(on_takeover=...)``: given the handle of a run this instance took over.
     on_takeover: Callable[[ClaimHandle], Any] | None = None
-    watching: set[tuple[int, bool]] = field(default_factory=set)
+    #: The (slot, manual) runs this instance watches as a backup; made when first needed
+    #: (thousands of jobs: one object fewer each for the collector to scan).
+    watching: set[tuple[int, bool]] | None = None
+
+    def is_watching(self, key: tuple[int, bool]) -> bool:
+        """Whether this instance already watches that run as a backup."""
+        return self.watching is not None and key in self.watching
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,8 @@ class Scheduler:
             instance_id = f"{socket.gethostname()}:{os.getpid()}"
         self.instance_id = validate_instance_id(instance_id)
         self.lease_ms, self.heartbeat_ms = validate_lease_timings(lease_ms, heartbeat_ms)
+        #: One LeaseTimings shared by every handle (made again if the timings change).
+        self._timings: LeaseTimings | None = None
         self.history_size, self.history_ttl_ms = validate_history(history_size, history_ttl_ms)
         if isinstance(handler_threads, bool) or not isinstance(handler_threads, int) \
                 or not 1 <= handler_threads <= 10_000:
@@ -300,7 +308,7 @@ class Scheduler:
         ``jitter_ms``, ``max_late_ms``, and on lease backends ``overlap``,
         ``max_attempts``, ``catch_up_ms``.
         """
-        schedule = EverySchedule(interval, offset)
+        schedule = every_schedule(interval, offset)
         return self._register(name, schedule, handler, options)
 
     @overload
@@ -744,8 +752,12 @@ class Scheduler:
                                                                   self._now_ms()))
 
     def _handle(self, request: ClaimRequest, result: ClaimResult, sent: float) -> ClaimHandle:
-        timings = (LeaseTimings(self.lease_ms, self.heartbeat_ms)
-                   if self.backend.supports_leases else None)
+        timings = None
+        if self.backend.supports_leases:
+            timings = self._timings
+            if (timings is None or timings.lease_ms != self.lease_ms
+                    or timings.heartbeat_ms != self.heartbeat_ms):
+                timings = self._timings = LeaseTimings(self.lease_ms, self.heartbeat_ms)
         ref = RunRef(request.job, request.slot, request.token, result.attempt, request.manual)
         return ClaimHandle(backend=self.backend, ref=ref, runner=self.instance_id,
                            timings=timings, sent_at=sent, events=self._events,
@@ -1113,8 +1125,10 @@ class Scheduler:
         checks again, so a run that ended during the outage is not run a second time.
         """
         key = (slot, manual)
-        if key in job.watching:
+        if job.is_watching(key):
             return
+        if job.watching is None:
+            job.watching = set()
         job.watching.add(key)
         request = self._request(job, slot, manual=manual)
         unreachable = False
@@ -1149,7 +1163,10 @@ class Scheduler:
                 if result.outcome is not ClaimOutcome.RUNNING:
                     return
         finally:
-            job.watching.discard(key)
+            if job.watching is not None:
+                job.watching.discard(key)
+                if not job.watching:
+                    job.watching = None
 
     async def _store_answers(self) -> bool:
         """Whether the store answers a clock read now."""
@@ -1190,7 +1207,7 @@ class Scheduler:
                         break
                     self._health.succeeded("expired_runs", sent)
                     for run in expired:
-                        if (run.slot, run.manual) not in job.watching:
+                        if not job.is_watching((run.slot, run.manual)):
                             self._spawn(self._recover(job, run))
             await asyncio.sleep(period * random.uniform(0.75, 1.25))
 
@@ -1199,7 +1216,7 @@ class Scheduler:
 
     async def _recover(self, job: _Job, run: ExpiredRun) -> None:
         key = (run.slot, run.manual)
-        if key in job.watching or any(a.handle.ref.job == job.name and a.handle.ref.slot ==
+        if job.is_watching(key) or any(a.handle.ref.job == job.name and a.handle.ref.slot ==
                                       run.slot for a in self._attempts):
             return
         expired_at = run.lease_until_ms if run.lease_until_ms is not None else run.slot

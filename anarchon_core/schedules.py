@@ -16,6 +16,7 @@ daylight-saving changes (the same as Vixie cron and cronie):
 from __future__ import annotations
 
 import abc
+import functools
 import itertools
 import math
 from datetime import datetime, timedelta, timezone
@@ -216,3 +217,20 @@ class CronSchedule(Schedule):
             if slot <= ms:
                 return slot
         raise ConfigError(f"cron {self.expression!r} in {self.tz}: no slot found before {ms}")
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _shared_every(interval: Duration, offset: Duration) -> EverySchedule:
+    return EverySchedule(interval, offset)
+
+
+def every_schedule(interval: Duration, offset: Duration = 0) -> EverySchedule:
+    """An :class:`EverySchedule`, shared by every job of the same interval and offset.
+
+    It never changes once made, and thousands of jobs on one grid need not each keep
+    one for the garbage collector to scan.
+    """
+    try:
+        return _shared_every(interval, offset)
+    except TypeError:  # unhashable: the schedule itself says what is wrong with it
+        return EverySchedule(interval, offset)
