@@ -200,6 +200,19 @@ class ClaimHandle:
 
     # ------------------------------------------------------------------ cancellation
 
+    def fence_if_expired(self) -> bool:
+        """Fence this handle now if its lease can no longer be confirmed in time.
+
+        True if it is fenced (now or before). A claim whose answer took longer than the
+        lease to arrive (a network partition, a paused process) is such a handle: a backup
+        may already run the slot, so its holder must not start.
+        """
+        deadline = self.lease_deadline
+        if not self.fenced and not self.ended and deadline is not None and \
+                time.monotonic() >= deadline:
+            self._fence("the claim's answer came after its lease could be confirmed")
+        return self.fenced
+
     def add_cancel_callback(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(reason)`` on the handle's loop when it is cancelled."""
         self._callbacks.append(callback)

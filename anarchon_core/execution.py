@@ -109,6 +109,12 @@ class Attempt:
     async def run_to_end(self) -> None:
         """Run the handler to its end, then record the outcome (unless fenced)."""
         ref = self.handle.ref
+        if self.handle.fence_if_expired():
+            # Won too late to be sure of the lease: the code never starts, nothing is
+            # recorded (a backup takes the slot over once the lease has expired).
+            self.status, self.error = "interrupted", "lease lost"
+            self.finished_at = time.time()
+            return
         if log.isEnabledFor(logging.INFO):
             log.info("%s slot %s attempt %s: started on %s", ref.job, ref.slot, ref.attempt,
                      self.instance_id,

@@ -740,6 +740,9 @@ class Scheduler:
         self._report_claim(request, result)
         if result.won:
             handle = self._handle(request, result, sent)
+            if handle.fence_if_expired():
+                # Answered too late to be sure of the lease: the run is left to a backup.
+                return NotClaimed(job.name, slot, ClaimOutcome.RUNNING, LATE_ANSWER)
             if self._stopping:
                 # Won while stopping: hand it straight over instead of dropping it.
                 await handle.release()
@@ -1310,6 +1313,11 @@ class Scheduler:
             events.emit(EventKind.ATTEMPT_ENDED, job=ref.job, slot=ref.slot,
                         attempt=ref.attempt, manual=ref.manual, status=attempt.status,
                         error=attempt.error, duration_ms=duration)
+
+
+#: Why a claim won, but answered after its lease could be confirmed, is not run here.
+LATE_ANSWER = ("running: won, but the store's answer came after the lease could be "
+               "confirmed; a backup takes the run over once the lease has expired")
 
 
 def _reason(request: ClaimRequest, result: ClaimResult, now_ms: float) -> str:
