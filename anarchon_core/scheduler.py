@@ -1086,7 +1086,13 @@ class Scheduler:
             self._report_claim(request, result)
             if result.won:
                 handle = self._handle(request, result, sent)
-                if self._stopping:
+                if handle.fence_if_expired():
+                    # Answered too late to be sure of the lease: this instance becomes the
+                    # run's backup, like any instance that found it running.
+                    if not self._stopping:
+                        self._on_not_claimed(job, slot, NotClaimed(
+                            job.name, slot, ClaimOutcome.RUNNING, LATE_ANSWER))
+                elif self._stopping:
                     self._spawn(handle.release())  # hand it straight over
                 else:
                     self._spawn(self._run_handle(job, handle))
