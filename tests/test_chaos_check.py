@@ -1,0 +1,88 @@
+"""The chaos checker on a saved run made by hand: a side effect made again.
+
+A runner confirms its lease, makes its side effect, and is cut off from the store (a
+partition) before it can record its end, for longer than the lease: a backup runs the slot
+again. No lease can prevent that (docs/concepts.md), so the checker lists it apart; the
+same two side effects without that partition are a duplicate and fail the run.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from chaos.check import check_run
+
+WALL0 = 1_800_000_000_000  # the harness clock: wall ms at monotonic 0
+SLOT = WALL0 + 10_000
+LEASE_MS = 2_000
+
+
+def _iso(wall_ms: float) -> str:
+    return datetime.fromtimestamp(wall_ms / 1000, UTC).isoformat()
+
+
+def _ledger_line(event: str, attempt: int, pid: int, at: int) -> dict[str, Any]:
+    return {"event": event, "job": "work", "slot": SLOT, "attempt": attempt,
+            "token": f"token{attempt}", "manual": False, "instance": f"vm:{pid}", "pid": pid,
+            "time_ms": SLOT + at, "mono_ns": (SLOT + at - WALL0) * 1_000_000}
+
+
+def _saved_run(workdir: Path, *, partition_at: int, healed_at: int) -> Path:
+    """Attempt 1 (pid 1) writes its end 644 ms after the slot; pid 1 is partitioned from
+    ``partition_at`` to ``healed_at``; attempt 2 (pid 2) takes over at 2,920 ms."""
+    workdir.mkdir()
+    meta = {
+        "backend": "postgres", "seed": 1, "leases": True, "seconds": 20.0,
+        "lease_ms": LEASE_MS, "heartbeat_ms": 500, "window": [SLOT, SLOT],
+        "clock0": {"wall_ms": WALL0, "mono_ns": 0},
+        "jobs": [{"name": "work", "interval_ms": 6_000, "max_late_ms": 7_000,
+                  "jitter_ms": 0}],
+    }
+    (workdir / "run.json").write_text(json.dumps(meta))
+    events = [("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {}),
+              ("partition", partition_at, 1, {"seconds": (healed_at - partition_at) / 1000}),
+              ("heal", healed_at, 1, {}), ("settle", 9_000, None, {})]
+    (workdir / "faults.jsonl").write_text("".join(
+        json.dumps({"kind": kind, "wall_ms": SLOT + at, "mono_ns": (SLOT + at - WALL0) * 10**6,
+                    "pid": pid, "detail": detail}) + "\n"
+        for kind, at, pid, detail in events))
+    (workdir / "ledger").mkdir()
+    for pid, lines in {1: [("start", 1, 11), ("end", 1, 644), ("exit", 1, 645)],
+                       2: [("start", 2, 2_920), ("end", 2, 3_550), ("exit", 2, 3_551)]}.items():
+        (workdir / "ledger" / f"{pid}.jsonl").write_text("".join(
+            json.dumps(_ledger_line(event, attempt, pid, at)) + "\n"
+            for event, attempt, at in lines))
+    history = {"work": [
+        {"job": "work", "slot": SLOT, "attempt": 1, "status": "interrupted", "runner": "vm:1",
+         "error": "lease expired: the runner stopped heartbeating", "manual": False,
+         "started_at": _iso(SLOT + 5), "finished_at": _iso(SLOT + 2_915)},
+        {"job": "work", "slot": SLOT, "attempt": 2, "status": "success", "runner": "vm:2",
+         "error": None, "manual": False, "started_at": _iso(SLOT + 2_915),
+         "finished_at": _iso(SLOT + 3_560)},
+    ]}
+    (workdir / "history.json").write_text(json.dumps(history))
+    return workdir
+
+
+def test_a_runner_cut_off_right_after_its_side_effect_is_listed_apart(tmp_path: Path) -> None:
+    report = check_run(_saved_run(tmp_path / "run", partition_at=635, healed_at=5_390))
+    [job] = report.jobs
+    assert report.failures() == []
+    assert job.dup_success == []
+    assert len(job.cut_off_ends) == 1
+    assert "side effect made 2 times" in job.cut_off_ends[0]
+
+
+def test_the_same_side_effects_without_that_partition_fail_the_run(tmp_path: Path) -> None:
+    # The partition began a second after the side effect: the end had time to be recorded.
+    late = check_run(_saved_run(tmp_path / "late", partition_at=1_700, healed_at=5_390))
+    # The partition was over before the takeover: the runner could have recorded its end.
+    short = check_run(_saved_run(tmp_path / "short", partition_at=635, healed_at=2_500))
+    for report in (late, short):
+        [job] = report.jobs
+        assert job.cut_off_ends == []
+        assert any("duplicate success" in f and "side effect made 2 times" in f
+                   for f in report.failures()), report.failures()
