@@ -225,8 +225,14 @@ class ClaimHandle:
             self._callbacks.remove(callback)
 
     def cancel(self, reason: str) -> None:
-        """Ask the holder to stop (``timeout``, ``stopping``, ``lease lost``); first wins."""
-        if self.cancel_reason is not None:
+        """Ask the holder to stop (``timeout``, ``stopping``, ``lease lost``).
+
+        The first reason wins, except a lost lease: it overrides ``stopping`` or
+        ``timeout``, and the callbacks hear it too. Another attempt may run the slot now,
+        so code still inside its stop grace must be cancelled at once.
+        """
+        current = self.cancel_reason
+        if current is not None and (current == LEASE_LOST or reason != LEASE_LOST):
             return
         self.cancel_reason = reason
         event = self._cancel_event
