@@ -92,7 +92,8 @@ class _Job:
     schedule: Schedule | None
     handler: Handler | None
     options: JobOptions
-    #: Bumped to invalidate the job's pending timer entry (re-armed or stopped).
+    #: The sequence number of the job's pending timer entry; changed to invalidate it
+    #: (re-armed or stopped).
     generation: int = 0
     #: False for ``define()``d jobs: their caller claims their slots, the timer never does.
     fires: bool = True
@@ -205,8 +206,9 @@ class Scheduler:
         self._stopping = False
         self._clock_offset_ms = 0.0
         self._clock_measured = False
-        #: One timer for every job: (fire at, store-clock ms; sequence; generation; slot; job).
-        self._timers: list[tuple[float, int, int, int, _Job]] = []
+        #: One timer for every job: (fire at, store-clock ms; sequence; slot; job name). Only
+        #: numbers and a name, so the collector stops tracking them (thousands of jobs).
+        self._timers: list[tuple[float, int, int, str]] = []
         self._timer_seq = itertools.count()
         self._timer_wake: asyncio.Event | None = None
         self._clock_moved = False
@@ -940,7 +942,8 @@ class Scheduler:
         """Put the job's first slot after ``after_ms`` on the timer, with fresh jitter."""
         slot = schedule.next_after(after_ms)
         fire_at = slot + random.uniform(0, job.options.jitter_ms)
-        entry = (fire_at, next(self._timer_seq), job.generation, slot, job)
+        seq = job.generation = next(self._timer_seq)
+        entry = (fire_at, seq, slot, job.name)
         heapq.heappush(self._timers, entry)
         if self._timers[0] is entry and self._timer_wake is not None:
             self._timer_wake.set()
@@ -964,9 +967,10 @@ class Scheduler:
             soon = now + _TIMER_COALESCE_MS
             due: list[tuple[_Job, int]] = []
             while timers and (timers[0][0] <= now or (timers[0][0] <= soon
-                                                      and timers[0][3] <= now)):
-                _, _, generation, slot, job = heapq.heappop(timers)
-                if generation != job.generation or self._jobs.get(job.name) is not job:
+                                                      and timers[0][2] <= now)):
+                _, seq, slot, name = heapq.heappop(timers)
+                job = self._jobs.get(name)
+                if job is None or job.generation != seq:
                     continue  # removed or re-armed since
                 assert job.schedule is not None
                 due.append((job, slot))

@@ -96,7 +96,8 @@ async def test_jobs_on_one_grid_share_their_schedule_and_options() -> None:
         infos = {i.name: i for i in scheduler.jobs()}
     finally:
         await scheduler.stop()
-    assert per_job <= 2.1, f"{per_job:.2f} objects tracked by the collector per job"
+    # The job itself; its timer entry holds only numbers and its name (untracked).
+    assert per_job <= 1.1, f"{per_job:.2f} objects tracked by the collector per job"
     # Shared, yet each job still reports its own schedule and options.
     assert infos["tenant00007"].schedule == infos["first"].schedule
     assert infos["tenant00007"].options == infos["first"].options
