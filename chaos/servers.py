@@ -339,7 +339,12 @@ class RabbitMQServer(StoreServer):
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def command(self) -> list[str]:
-        """The node, as the rabbitmq user, with everything in our directory."""
+        """The node, as the rabbitmq user, with everything in our directory.
+
+        Its open-file limit is raised to the hard limit (``runuser`` leaves the user's
+        soft limit, often 1024): every stream holds files open, and a node out of file
+        handles crashes its stream writers and closes connections with INTERNAL_ERROR.
+        """
         d = self.workdir
         env = {
             "RABBITMQ_NODENAME": f"anarchon{self.port}@localhost",
@@ -354,7 +359,8 @@ class RabbitMQServer(StoreServer):
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
             "HOME": "/var/lib/rabbitmq",
         }
-        return ["runuser", "-u", "rabbitmq", "--", "env",
+        return ["runuser", "-u", "rabbitmq", "--", "sh", "-c",
+                'ulimit -n "$(ulimit -Hn)" 2>/dev/null; exec "$@"', "sh", "env",
                 *(f"{k}={v}" for k, v in env.items()), self.binary]
 
     def start(self, timeout: float = 60.0) -> None:

@@ -1,7 +1,17 @@
 """RabbitMQ: a claim-only backend (one winner per run; no leases).
 
 Built on aio-pika (asyncio, like the core: no thread per connection, and claims of many
-jobs share one connection and channel with publisher confirms in flight together).
+jobs share one connection and channels with publisher confirms in flight together).
+
+Connections: claims (run queues, the format record) and history (streams) each have a
+connection of their own. RabbitMQ 3.10 closes the whole connection (``INTERNAL_ERROR``:
+its channel crashed, or ``RESOURCE_ERROR``) of a client that publishes to a stream while
+another client is still creating it: a concurrent declaration answers ``declare-ok``
+before the broker knows the stream's writer. On a connection of its own, that costs a
+history write (tried again, see :meth:`_append`), never a claim. On each connection,
+declarations and publishes use separate channels: a declaration the broker refuses
+closes its channel and fails everything in flight on it, and a declaration can be tried
+again where a publish cannot. A connection passed in is shared by both.
 
 How a claim works: each run has its own queue ``<prefix><job>.<slot>`` (manual runs:
 ``<prefix><job>.<slot>.manual``; ``<job>`` escaped by :func:`queue_token`), declared by
@@ -53,7 +63,7 @@ import hashlib
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +117,12 @@ _MIN_HISTORY_BYTES = 64_000
 _CURRENT_FORMAT = re.compile(r"current is (?:the value )?'?(\w+)'?")
 #: Read-only history reads end after the stream delivered nothing for this long.
 READ_ONLY_QUIET_S = 0.5
-_JOBS_STREAM_BYTES = 8_000_000
+_JOBS_STREAM_ARGS: dict[str, Any] = {
+    "x-queue-type": "stream", "x-max-length-bytes": 8_000_000,
+    "x-stream-max-segment-size-bytes": 1_000_000,
+}
+#: Attempts at a declaration whose channel was closed under it (see :meth:`_declare`).
+_DECLARE_TRIES = 3
 
 
 # What AMQP clients accept in a queue name (pamqp: ``[a-zA-Z0-9-_.:@#,/+ ]``), less ``.``
@@ -173,6 +188,70 @@ def _alive(conn: AbstractConnection) -> bool:
     return not conn.is_closed and amqp is not None and not amqp.is_closed
 
 
+class _Link:
+    """A connection (opened by ``opener``, or ``given``) and its two pools of channels.
+
+    ``channel(publish=False)`` serves declarations, ``channel(publish=True)`` publishes;
+    a closed channel is reopened, a dead connection too (``on_reset`` is called first).
+    """
+
+    def __init__(self, opener: Callable[[], Awaitable[AbstractConnection]],
+                 given: AbstractConnection | None, channels: int,
+                 on_reset: Callable[[], None] = lambda: None) -> None:
+        self._opener, self._given, self._on_reset = opener, given, on_reset
+        self._size = channels
+        self.conn: AbstractConnection | None = None
+        self._pools = self._new_pools()
+        self._next = 0
+        self._conn_lock = asyncio.Lock()
+        self._channel_lock = asyncio.Lock()
+
+    def _new_pools(self) -> tuple[list[AbstractChannel | None], list[AbstractChannel | None]]:
+        return [None] * self._size, [None] * self._size
+
+    async def connection(self) -> AbstractConnection:
+        """The open connection, reopened if it died."""
+        if self._given is not None:
+            return self._given
+        conn = self.conn
+        if conn is not None and _alive(conn):
+            return conn
+        async with self._conn_lock:
+            current = self.conn
+            if current is None or not _alive(current):
+                self._on_reset()
+                self._pools = self._new_pools()
+                self.conn = current = await self._opener()
+            return current
+
+    async def channel(self, publish: bool) -> AbstractChannel:
+        """The next channel of a pool (publisher confirms on), opening it if needed."""
+        self._next = index = (self._next + 1) % self._size
+        conn = await self.connection()
+        pool = self._pools[publish]
+        channel = pool[index]
+        if channel is not None and not channel.is_closed:
+            return channel
+        async with self._channel_lock:
+            channel = pool[index]
+            if channel is None or channel.is_closed:
+                channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                pool[index] = channel
+            return channel
+
+    async def close(self) -> None:
+        """Close the connection if it was opened here, else the channels opened on it."""
+        conn, pools = self.conn, self._pools
+        self.conn, self._pools = None, self._new_pools()
+        if conn is not None and not conn.is_closed:
+            await conn.close()
+        elif self._given is not None:
+            for channel in (*pools[0], *pools[1]):
+                if channel is not None and not channel.is_closed:
+                    with contextlib.suppress(Exception):
+                        await channel.close()
+
+
 
 class RabbitMQBackend(ClaimOnlyBackend):
     """Claim-only backend on RabbitMQ (classic queues as first-writer-wins, see module).
@@ -184,8 +263,9 @@ class RabbitMQBackend(ClaimOnlyBackend):
     :param run_expires_ms: how long a run's queue outlives its last claim (``x-expires``,
         default 10 minutes). Every instance of a namespace must use the same value.
     :param timeout_s: how long a connect, declaration or publisher confirm may take.
-    :param channels: channels claims are spread over (default 4): a channel waits for
-        one queue declaration at a time, so several let concurrent claims overlap.
+    :param channels: channels for declarations, and as many for publishes, on each of
+        the two connections (default 4): a channel waits for one queue declaration at a
+        time, so several let concurrent claims overlap.
     :param read_only: read history only: declare and publish nothing (every write raises
         :class:`~anarchon_core.errors.ReadOnlyError`).
     """
@@ -225,12 +305,10 @@ class RabbitMQBackend(ClaimOnlyBackend):
         self.timeout_s = timeout_s
         self._heartbeat_s: int | None = None
         self._errors = StoreErrors(self.describe, _classify)
-        self._conn: AbstractConnection | None = None
-        self._channels: list[AbstractChannel | None] = [None] * channels
-        self._next_channel = 0
-        self._lock = asyncio.Lock()
-        self._conn_lock = asyncio.Lock()
         self._streams: set[str] = set()
+        self._claim_link = _Link(self._open_connection, self._given, channels)
+        self._history_link = _Link(self._open_connection, self._given, channels,
+                                   on_reset=self._streams.clear)
         self._stream_locks: dict[str, asyncio.Lock] = {}
         self._won: dict[str, _Won] = {}
         self._stream_args: dict[str, dict[str, Any]] = {}
@@ -283,25 +361,21 @@ class RabbitMQBackend(ClaimOnlyBackend):
 
     # ------------------------------------------------------------------ connection
 
+    @property
+    def _conn(self) -> AbstractConnection | None:
+        """The claims' connection, if this backend opened it."""
+        return self._claim_link.conn
+
     async def _connection(self) -> AbstractConnection:
-        if self._given is not None:
-            return self._given
-        conn = self._conn
-        if conn is not None and _alive(conn):
-            return conn
-        async with self._conn_lock:
-            current = self._conn
-            if current is None or not _alive(current):
-                assert self._url is not None
-                self._streams.clear()
-                self._channels = [None] * len(self._channels)
-                # Errors are classified by the caller's guard (URL masked there).
-                opened = await asyncio.wait_for(
-                    aio_pika.connect(self._url, timeout=self.timeout_s,
-                                     **self._connect_options()),
-                    self.timeout_s)
-                self._conn = current = opened
-            return current
+        """The claims' connection."""
+        return await self._claim_link.connection()
+
+    async def _open_connection(self) -> AbstractConnection:
+        assert self._url is not None
+        # Errors are classified by the caller's guard (URL masked there).
+        return await asyncio.wait_for(
+            aio_pika.connect(self._url, timeout=self.timeout_s, **self._connect_options()),
+            self.timeout_s)
 
     def _connect_options(self) -> dict[str, Any]:
         query = self._url.partition("?")[2] if self._url else ""
@@ -312,7 +386,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
         return options
 
     def tune_timeouts(self, lease_ms: int) -> None:
-        """Fit the connection anarchon opens to ``lease_ms`` (the shortest lease wins).
+        """Fit the connections anarchon opens to ``lease_ms`` (the shortest lease wins).
 
         AMQP heartbeats every quarter lease (1 s to 60 s; a ``heartbeat`` in the URL wins),
         so a dead connection is noticed within the lease, and connect, declaration and
@@ -326,36 +400,40 @@ class RabbitMQBackend(ClaimOnlyBackend):
         self.timeout_s = min(self.timeout_s, max(1.0, lease_s / 2))
 
     async def _confirm_channel(self) -> AbstractChannel:
-        """Return the next channel of the pool (publisher confirms on), opening it if needed."""
-        index = self._next_channel = (self._next_channel + 1) % len(self._channels)
-        conn = await self._connection()
-        channel = self._channels[index]
-        if channel is not None and not channel.is_closed:
-            return channel
-        async with self._lock:
-            channel = self._channels[index]
-            if channel is None or channel.is_closed:
-                channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
-                self._channels[index] = channel
-            return channel
+        """The next publish channel of the claims' connection (publisher confirms on)."""
+        return await self._claim_link.channel(publish=True)
 
-    async def _declare(self, name: str, arguments: dict[str, Any]) -> None:
-        """Declare ``name``; if it exists with other arguments, accept it as it is."""
-        channel = await self._confirm_channel()
-        try:
-            await channel.declare_queue(name, durable=True, arguments=arguments,
-                                        timeout=self.timeout_s)
-        except ChannelPreconditionFailed as exc:
-            # Another instance declared it with other settings (say, another x-expires);
-            # its queue decides all the same.
-            log.warning("queue %s exists with other arguments (%s); using it as it is",
-                        name, exc.args[0] if exc.args else exc)
-            channel = await self._confirm_channel()
-            await channel.declare_queue(name, passive=True, timeout=self.timeout_s)
+    async def _declare(self, link: _Link, name: str, arguments: dict[str, Any]) -> None:
+        """Declare ``name``; if it exists with other arguments, accept it as it is.
 
-    async def _publish(self, name: str, body: bytes, message_id: str | None = None) -> None:
+        A declaration racing another client's first declaration of the same queue can be
+        refused with NOT_FOUND ("home node ... is down or inaccessible": RabbitMQ looks
+        the queue up in two tables outside a transaction while the other one writes
+        both), which closes the channel and fails the declarations queued on it. Declaring
+        is idempotent, so those are tried again.
+        """
+        for attempt in range(1, _DECLARE_TRIES + 1):
+            channel = await link.channel(publish=False)
+            try:
+                await channel.declare_queue(name, durable=True, arguments=arguments,
+                                            timeout=self.timeout_s)
+            except ChannelPreconditionFailed as exc:
+                # Another instance declared it with other settings (say, another
+                # x-expires); its queue decides all the same.
+                log.warning("queue %s exists with other arguments (%s); using it as it is",
+                            name, exc.args[0] if exc.args else exc)
+                channel = await link.channel(publish=False)
+                await channel.declare_queue(name, passive=True, timeout=self.timeout_s)
+            except (ChannelNotFoundEntity, ChannelInvalidStateError):
+                if attempt == _DECLARE_TRIES:
+                    raise
+                continue
+            return
+
+    async def _publish(self, link: _Link, name: str, body: bytes,
+                       message_id: str | None = None) -> None:
         """Publish persistently to queue ``name``; raise DeliveryError if refused."""
-        channel = await self._confirm_channel()
+        channel = await link.channel(publish=True)
         message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                                    message_id=message_id, content_type="application/json")
         await channel.default_exchange.publish(message, routing_key=name, mandatory=True,
@@ -364,11 +442,15 @@ class RabbitMQBackend(ClaimOnlyBackend):
     async def start(self) -> None:
         """Connect and check (or write) the namespace's store-format record.
 
-        If this fails, the connection it opened is closed again.
+        A writer also declares the namespace's jobs stream, so instances that first write
+        history at the same instant never create it together (see the module docstring).
+        If this fails, the connections it opened are closed again.
         """
         try:
             with self._errors.guard("start"):
                 await self._check_format()
+                if not self.read_only:
+                    await self._declare_stream(self.jobs_stream, _JOBS_STREAM_ARGS)
         except BaseException:
             await self.stop()
             raise
@@ -410,17 +492,12 @@ class RabbitMQBackend(ClaimOnlyBackend):
                 await channel.close()
 
     async def stop(self) -> None:
-        """Close the connection this backend opened (never one passed in)."""
-        conn, channels = self._conn, self._channels
-        self._conn, self._channels = None, [None] * len(channels)
+        """Close the connections this backend opened (never one passed in)."""
         self._streams.clear()
-        if conn is not None and not conn.is_closed:
-            await conn.close()
-        elif self._given is not None:
-            for channel in channels:
-                if channel is not None and not channel.is_closed:
-                    with contextlib.suppress(Exception):
-                        await channel.close()
+        try:
+            await self._claim_link.close()
+        finally:
+            await self._history_link.close()
 
     def check_job(self, name: str, options: JobOptions) -> None:
         """Refuse a job whose late claims could outlive its run queues."""
@@ -460,9 +537,10 @@ class RabbitMQBackend(ClaimOnlyBackend):
             return ClaimResult(ClaimOutcome.LATE, 1)
         name = self.run_queue(request.job, request.slot, request.manual)
         record = claim_record(request, now)
-        await self._declare(name, self._run_args)
+        await self._declare(self._claim_link, name, self._run_args)
         try:
-            await self._publish(name, encode_json(record), message_id=request.token)
+            await self._publish(self._claim_link, name, encode_json(record),
+                                message_id=request.token)
         except PublishError as exc:  # returned unroutable: the queue vanished meanwhile
             raise StoreError(f"claim queue {name} disappeared before the publish: {exc}") \
                 from None
@@ -526,20 +604,40 @@ class RabbitMQBackend(ClaimOnlyBackend):
 
     async def _append(self, job: str, record: dict[str, str],
                       arguments: dict[str, Any] | None = None) -> None:
+        """Append ``record`` to ``job``'s history stream, declaring it first if needed.
+
+        A failed append is tried once more: the history connection may have died under it
+        (say, closed by another client's stream race), which, depending on the moment,
+        surfaces as a connection or channel error, a plain ``Exception``, a RuntimeError
+        or a timeout. A record written twice is read once.
+        """
         name = self.history_stream(job)
-        if name not in self._streams:
-            # One declaration per stream at a time: RabbitMQ 3.10 can crash the whole
-            # connection when a channel publishes to a stream that another channel is
-            # still creating (its writer is not registered yet).
-            lock = self._stream_locks.setdefault(name, asyncio.Lock())
-            async with lock:
-                if name not in self._streams:
-                    args = arguments or self._stream_args.get(job) or \
-                        self._stream_arguments()
-                    await self._declare(name, args)
+        args = arguments or self._stream_args.get(job) or self._stream_arguments()
+        for attempt in (1, 2):
+            try:
+                await self._declare_stream(name, args, job)
+                await self._publish(self._history_link, name, encode_json(record))
+            except Exception:
+                if attempt == 2:
+                    raise
+                continue
+            return
+
+    async def _declare_stream(self, name: str, arguments: dict[str, Any],
+                              job: str | None = None) -> None:
+        """Declare the stream ``name`` (then record ``job``) once per history connection.
+
+        One declaration per stream at a time: a publish racing this backend's own
+        creation of the stream would crash the history connection (module docstring).
+        """
+        if name in self._streams:
+            return
+        async with self._stream_locks.setdefault(name, asyncio.Lock()):
+            if name not in self._streams:
+                await self._declare(self._history_link, name, arguments)
+                if job is not None:
                     await self._register_job(job)
-                    self._streams.add(name)
-        await self._publish(name, encode_json(record))
+                self._streams.add(name)
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Runs of ``job``, newest first (see :meth:`_history`)."""
@@ -555,13 +653,8 @@ class RabbitMQBackend(ClaimOnlyBackend):
 
     async def _register_job(self, job: str) -> None:
         """Record ``job`` in the namespace's jobs stream (once per stream and process)."""
-        if self.jobs_stream not in self._streams:
-            await self._declare(self.jobs_stream, {
-                "x-queue-type": "stream", "x-max-length-bytes": _JOBS_STREAM_BYTES,
-                "x-stream-max-segment-size-bytes": _JOBS_STREAM_BYTES // 8,
-            })
-            self._streams.add(self.jobs_stream)
-        await self._publish(self.jobs_stream,
+        await self._declare_stream(self.jobs_stream, _JOBS_STREAM_ARGS)
+        await self._publish(self._history_link, self.jobs_stream,
                             encode_json({"v": "1", "kind": "job", "job": job}))
 
     async def _read_stream(self, name: str, job: str = "") -> list[dict[str, str]] | None:
@@ -570,7 +663,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
         Writers append a marker and read up to it; a read-only backend reads until the
         stream goes quiet (see the module docstring).
         """
-        conn = await self._connection()
+        conn = await self._history_link.connection()
         channel = await conn.channel(publisher_confirms=True)
         try:
             try:

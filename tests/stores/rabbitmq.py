@@ -1,7 +1,7 @@
 """A RabbitMQ node of the test session (or ANARCHON_TEST_AMQP); a prefix per namespace.
 
-Run queues expire by themselves; the format queue and the history streams a namespace
-made are deleted when the session ends (the handle remembers them).
+Run queues expire by themselves; the format queue, the jobs stream and the history streams
+a namespace made are deleted when the session ends (the handle remembers them).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Namespaces:
 
     def prefix(self, ns: str) -> str:
         prefix = f"{ns}."
-        self.queues.add(f"{prefix}format")
+        self.queues.update((f"{prefix}format", f"{prefix}jobs"))
         return prefix
 
     def track(self, ns: str, jobs: list[str]) -> None:
