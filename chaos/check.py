@@ -25,8 +25,11 @@ What it counts, per job (slots are the job's scheduled times, ms since the epoch
   heartbeat_ms)``: the runner's last heartbeat was at most ``heartbeat_ms`` before the
   fault, so its lease ended in ``[fault + lease_ms - heartbeat_ms, fault + lease_ms]`` and
   this figure is the longest delay consistent with that (the true one is at most
-  ``heartbeat_ms`` shorter). A takeover clearly before that window (negative beyond a
-  tolerance) would mean a live lease was broken and fails the run.
+  ``heartbeat_ms`` shorter). The fault is the first one since the attempt began that kept
+  the runner away for a whole lease (a kill, or a pause or partition that long): a runner
+  paused again after it woke up fenced has no lease left to lose. A takeover clearly
+  before that window (negative beyond a tolerance) would mean a live lease was broken and
+  fails the run.
 * **missed**: due slots with no record at all, with the reason: the store was down
   during their claim window, no instance was alive and unpaused, or unexplained.
 * **overlap**: two executions of one slot (different tokens) whose handler code ran at
@@ -610,11 +613,12 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             # takeover waits for the slot's time and its delay says nothing about leases.
             report.takeover_causes["after an early claim (no backups before the slot)"] += 1
             continue
-        fault_window_store_down = bool(faults) and _overlaps(
-            store_down, faults[-1].wall_ms - lease_ms, faults[-1].wall_ms)
-        if faults and (prev.started_ms is None or faults[-1].wall_ms >= prev.started_ms - 1) \
+        fault = _lease_ending_fault(faults, events, prev.started_ms, lease_ms)
+        fault_window_store_down = fault is not None and _overlaps(
+            store_down, fault.wall_ms - lease_ms, fault.wall_ms)
+        if fault is not None and (prev.started_ms is None
+                                  or fault.wall_ms >= prev.started_ms - 1) \
                 and not fault_window_store_down:
-            fault = faults[-1]
             report.takeover_causes[f"{fault.kind}"] += 1
             # The lease ended between fault + lease - heartbeat and fault + lease: the
             # figure is the longest delay consistent with that (never an understatement).
@@ -632,6 +636,33 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             report.takeover_causes["store restart or failover"] += 1
         else:
             report.takeover_causes["other (heartbeats late: CPU or store latency)"] += 1
+
+
+def _lease_ending_fault(faults: list[FaultEvent], events: list[FaultEvent],
+                        started_ms: float | None, lease_ms: int) -> FaultEvent | None:
+    """The fault of the runner's that ended its attempt's lease (None: no fault).
+
+    The first fault since the attempt began that kept the runner from the store for a
+    whole lease (a kill, or a pause or partition at least ``lease_ms`` long): the lease
+    ended within a lease of it, and later faults of the same runner (paused again after
+    it woke up fenced) say nothing about it. Failing that, the runner's last fault.
+    """
+    if not faults:
+        return None
+    ends = {"pause": "resume", "partition": "heal"}
+    for fault in faults:
+        if started_ms is not None and fault.wall_ms < started_ms - 1:
+            continue
+        if fault.kind == "kill":
+            return fault
+        end_kind = ends.get(fault.kind)
+        if end_kind is None:
+            continue
+        end = next((e.wall_ms for e in events if e.pid == fault.pid and e.kind == end_kind
+                    and e.wall_ms >= fault.wall_ms), None)
+        if end is None or end - fault.wall_ms >= lease_ms:
+            return fault
+    return faults[-1]
 
 
 def _check_skew(events: list[FaultEvent], ledger: list[LedgerEntry], clock: _Clock,

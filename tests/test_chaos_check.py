@@ -1,9 +1,12 @@
-"""The chaos checker on a saved run made by hand: a side effect made again.
+"""The chaos checker on saved runs made by hand.
 
-A runner confirms its lease, makes its side effect, and is cut off from the store (a
-partition) before it can record its end, for longer than the lease: a backup runs the slot
-again. No lease can prevent that (docs/concepts.md), so the checker lists it apart; the
-same two side effects without that partition are a duplicate and fail the run.
+A side effect made again: a runner confirms its lease, makes its side effect, and is cut
+off from the store (a partition) before it can record its end, for longer than the lease:
+a backup runs the slot again. No lease can prevent that (docs/concepts.md), so the checker
+lists it apart; the same two side effects without that partition are a duplicate and fail
+the run.
+
+A takeover's delay: judged from the pause that ended the lease, not from a later one.
 """
 
 from __future__ import annotations
@@ -86,3 +89,68 @@ def test_the_same_side_effects_without_that_partition_fail_the_run(tmp_path: Pat
         assert job.cut_off_ends == []
         assert any("duplicate success" in f and "side effect made 2 times" in f
                    for f in report.failures()), report.failures()
+
+
+def _paused_run(workdir: Path, pauses: list[tuple[int, int]], taken_at: int) -> Path:
+    """Attempt 1 (pid 1) starts 5 ms after the slot; pid 1 is SIGSTOPped over ``pauses``
+    (ms after the slot); attempt 2 (pid 2) takes the run over at ``taken_at``."""
+    workdir.mkdir()
+    meta = {
+        "backend": "redis", "seed": 1, "leases": True, "seconds": 20.0,
+        "lease_ms": LEASE_MS, "heartbeat_ms": 500, "window": [SLOT, SLOT],
+        "clock0": {"wall_ms": WALL0, "mono_ns": 0},
+        "jobs": [{"name": "work", "interval_ms": 20_000, "max_late_ms": 19_000,
+                  "jitter_ms": 0}],
+    }
+    (workdir / "run.json").write_text(json.dumps(meta))
+    events = [("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {})]
+    for paused, resumed in pauses:
+        events += [("pause", paused, 1, {"seconds": (resumed - paused) / 1000}),
+                   ("resume", resumed, 1, {})]
+    events.append(("settle", 15_000, None, {}))
+    (workdir / "faults.jsonl").write_text("".join(
+        json.dumps({"kind": kind, "wall_ms": SLOT + at, "mono_ns": (SLOT + at - WALL0) * 10**6,
+                    "pid": pid, "detail": detail}) + "\n"
+        for kind, at, pid, detail in events))
+    (workdir / "ledger").mkdir()
+    # Attempt 1 wakes up fenced after its first long pause: it never writes its end.
+    first_exit = next((r for p, r in pauses if r - p >= LEASE_MS), taken_at - 5)
+    for pid, lines in {1: [("start", 1, 11), ("exit", 1, first_exit + 1)],
+                       2: [("start", 2, taken_at + 5), ("end", 2, taken_at + 600),
+                           ("exit", 2, taken_at + 601)]}.items():
+        (workdir / "ledger" / f"{pid}.jsonl").write_text("".join(
+            json.dumps(_ledger_line(event, attempt, pid, at)) + "\n"
+            for event, attempt, at in lines))
+    history = {"work": [
+        {"job": "work", "slot": SLOT, "attempt": 1, "status": "interrupted", "runner": "vm:1",
+         "error": "lease expired: the runner stopped heartbeating", "manual": False,
+         "started_at": _iso(SLOT + 5), "finished_at": _iso(SLOT + taken_at)},
+        {"job": "work", "slot": SLOT, "attempt": 2, "status": "success", "runner": "vm:2",
+         "error": None, "manual": False, "started_at": _iso(SLOT + taken_at),
+         "finished_at": _iso(SLOT + taken_at + 610)},
+    ]}
+    (workdir / "history.json").write_text(json.dumps(history))
+    return workdir
+
+
+def test_a_takeover_is_judged_against_the_pause_that_ended_the_lease(tmp_path: Path) -> None:
+    """Paused for longer than the lease, woken up fenced, paused again: the takeover came
+    long after the first pause (the store was slow to answer backups), just after the
+    second. Chaos seed 20261215 on Redis and PostgreSQL."""
+    report = check_run(_paused_run(tmp_path / "run", [(150, 5_028), (6_650, 11_000)],
+                                   taken_at=7_350))
+    [job] = report.jobs
+    assert report.failures() == []
+    assert job.early_takeovers == []
+    assert job.takeover_delays_ms == [7_350 - (150 + LEASE_MS - 500)]
+
+
+def test_a_takeover_within_the_lease_of_the_only_pause_fails_the_run(tmp_path: Path) -> None:
+    # A short pause first (the lease survived it), then the pause that ended it.
+    report = check_run(_paused_run(tmp_path / "run", [(150, 900), (6_650, 11_000)],
+                                   taken_at=7_350))
+    [job] = report.jobs
+    assert len(job.early_takeovers) == 1
+    assert "claimed 800 ms before the lease of pid 1" in job.early_takeovers[0]
+    assert any("TAKEOVER BEFORE LEASE EXPIRY" in f or "before the lease" in f
+               for f in report.failures()), report.failures()
