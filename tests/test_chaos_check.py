@@ -33,41 +33,59 @@ def _ledger_line(event: str, attempt: int, pid: int, at: int) -> dict[str, Any]:
             "time_ms": SLOT + at, "mono_ns": (SLOT + at - WALL0) * 1_000_000}
 
 
-def _saved_run(workdir: Path, *, partition_at: int, healed_at: int) -> Path:
-    """Attempt 1 (pid 1) writes its end 644 ms after the slot; pid 1 is partitioned from
-    ``partition_at`` to ``healed_at``; attempt 2 (pid 2) takes over at 2,920 ms."""
+Event = tuple[str, int, int | None, dict[str, Any]]
+Line = tuple[str, int, int]
+
+
+def _write_run(workdir: Path, *, backend: str, interval_ms: int, max_late_ms: int,
+               events: list[Event], ledger: dict[int, list[Line]], taken_at: int,
+               first_end: int, second_end: int) -> Path:
+    """A saved run of job ``work``: attempt 1 (pid 1) from 5 ms after the slot, ended
+    ``interrupted`` when attempt 2 (pid 2) took over at ``taken_at`` (events, ledger lines
+    and times in ms after the slot)."""
     workdir.mkdir()
     meta = {
-        "backend": "postgres", "seed": 1, "leases": True, "seconds": 20.0,
+        "backend": backend, "seed": 1, "leases": True, "seconds": 20.0,
         "lease_ms": LEASE_MS, "heartbeat_ms": 500, "window": [SLOT, SLOT],
         "clock0": {"wall_ms": WALL0, "mono_ns": 0},
-        "jobs": [{"name": "work", "interval_ms": 6_000, "max_late_ms": 7_000,
+        "jobs": [{"name": "work", "interval_ms": interval_ms, "max_late_ms": max_late_ms,
                   "jitter_ms": 0}],
     }
     (workdir / "run.json").write_text(json.dumps(meta))
-    events = [("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {}),
-              ("partition", partition_at, 1, {"seconds": (healed_at - partition_at) / 1000}),
-              ("heal", healed_at, 1, {}), ("settle", 9_000, None, {})]
     (workdir / "faults.jsonl").write_text("".join(
         json.dumps({"kind": kind, "wall_ms": SLOT + at, "mono_ns": (SLOT + at - WALL0) * 10**6,
                     "pid": pid, "detail": detail}) + "\n"
         for kind, at, pid, detail in events))
     (workdir / "ledger").mkdir()
-    for pid, lines in {1: [("start", 1, 11), ("end", 1, 644), ("exit", 1, 645)],
-                       2: [("start", 2, 2_920), ("end", 2, 3_550), ("exit", 2, 3_551)]}.items():
+    for pid, lines in ledger.items():
         (workdir / "ledger" / f"{pid}.jsonl").write_text("".join(
             json.dumps(_ledger_line(event, attempt, pid, at)) + "\n"
             for event, attempt, at in lines))
     history = {"work": [
         {"job": "work", "slot": SLOT, "attempt": 1, "status": "interrupted", "runner": "vm:1",
          "error": "lease expired: the runner stopped heartbeating", "manual": False,
-         "started_at": _iso(SLOT + 5), "finished_at": _iso(SLOT + 2_915)},
+         "started_at": _iso(SLOT + 5), "finished_at": _iso(SLOT + first_end)},
         {"job": "work", "slot": SLOT, "attempt": 2, "status": "success", "runner": "vm:2",
-         "error": None, "manual": False, "started_at": _iso(SLOT + 2_915),
-         "finished_at": _iso(SLOT + 3_560)},
+         "error": None, "manual": False, "started_at": _iso(SLOT + taken_at),
+         "finished_at": _iso(SLOT + second_end)},
     ]}
     (workdir / "history.json").write_text(json.dumps(history))
     return workdir
+
+
+def _saved_run(workdir: Path, *, partition_at: int, healed_at: int) -> Path:
+    """Attempt 1 (pid 1) writes its end 644 ms after the slot; pid 1 is partitioned from
+    ``partition_at`` to ``healed_at``; attempt 2 (pid 2) takes over at 2,920 ms."""
+    events: list[Event] = [
+        ("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {}),
+        ("partition", partition_at, 1, {"seconds": (healed_at - partition_at) / 1000}),
+        ("heal", healed_at, 1, {}), ("settle", 9_000, None, {})]
+    ledger: dict[int, list[Line]] = {
+        1: [("start", 1, 11), ("end", 1, 644), ("exit", 1, 645)],
+        2: [("start", 2, 2_920), ("end", 2, 3_550), ("exit", 2, 3_551)]}
+    return _write_run(workdir, backend="postgres", interval_ms=6_000, max_late_ms=7_000,
+                      events=events, ledger=ledger, taken_at=2_915, first_end=2_915,
+                      second_end=3_560)
 
 
 def test_a_runner_cut_off_right_after_its_side_effect_is_listed_apart(tmp_path: Path) -> None:
@@ -94,43 +112,20 @@ def test_the_same_side_effects_without_that_partition_fail_the_run(tmp_path: Pat
 def _paused_run(workdir: Path, pauses: list[tuple[int, int]], taken_at: int) -> Path:
     """Attempt 1 (pid 1) starts 5 ms after the slot; pid 1 is SIGSTOPped over ``pauses``
     (ms after the slot); attempt 2 (pid 2) takes the run over at ``taken_at``."""
-    workdir.mkdir()
-    meta = {
-        "backend": "redis", "seed": 1, "leases": True, "seconds": 20.0,
-        "lease_ms": LEASE_MS, "heartbeat_ms": 500, "window": [SLOT, SLOT],
-        "clock0": {"wall_ms": WALL0, "mono_ns": 0},
-        "jobs": [{"name": "work", "interval_ms": 20_000, "max_late_ms": 19_000,
-                  "jitter_ms": 0}],
-    }
-    (workdir / "run.json").write_text(json.dumps(meta))
-    events = [("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {})]
+    events: list[Event] = [("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {})]
     for paused, resumed in pauses:
         events += [("pause", paused, 1, {"seconds": (resumed - paused) / 1000}),
                    ("resume", resumed, 1, {})]
     events.append(("settle", 15_000, None, {}))
-    (workdir / "faults.jsonl").write_text("".join(
-        json.dumps({"kind": kind, "wall_ms": SLOT + at, "mono_ns": (SLOT + at - WALL0) * 10**6,
-                    "pid": pid, "detail": detail}) + "\n"
-        for kind, at, pid, detail in events))
-    (workdir / "ledger").mkdir()
     # Attempt 1 wakes up fenced after its first long pause: it never writes its end.
     first_exit = next((r for p, r in pauses if r - p >= LEASE_MS), taken_at - 5)
-    for pid, lines in {1: [("start", 1, 11), ("exit", 1, first_exit + 1)],
-                       2: [("start", 2, taken_at + 5), ("end", 2, taken_at + 600),
-                           ("exit", 2, taken_at + 601)]}.items():
-        (workdir / "ledger" / f"{pid}.jsonl").write_text("".join(
-            json.dumps(_ledger_line(event, attempt, pid, at)) + "\n"
-            for event, attempt, at in lines))
-    history = {"work": [
-        {"job": "work", "slot": SLOT, "attempt": 1, "status": "interrupted", "runner": "vm:1",
-         "error": "lease expired: the runner stopped heartbeating", "manual": False,
-         "started_at": _iso(SLOT + 5), "finished_at": _iso(SLOT + taken_at)},
-        {"job": "work", "slot": SLOT, "attempt": 2, "status": "success", "runner": "vm:2",
-         "error": None, "manual": False, "started_at": _iso(SLOT + taken_at),
-         "finished_at": _iso(SLOT + taken_at + 610)},
-    ]}
-    (workdir / "history.json").write_text(json.dumps(history))
-    return workdir
+    ledger: dict[int, list[Line]] = {
+        1: [("start", 1, 11), ("exit", 1, first_exit + 1)],
+        2: [("start", 2, taken_at + 5), ("end", 2, taken_at + 600),
+            ("exit", 2, taken_at + 601)]}
+    return _write_run(workdir, backend="redis", interval_ms=20_000, max_late_ms=19_000,
+                      events=events, ledger=ledger, taken_at=taken_at, first_end=taken_at,
+                      second_end=taken_at + 610)
 
 
 def test_a_takeover_is_judged_against_the_pause_that_ended_the_lease(tmp_path: Path) -> None:
