@@ -253,6 +253,32 @@ async def test_claim_only_history_is_trimmed(admin: Any, namespace: str) -> None
     assert [r.slot for r in runs[:3]] == [base + 399, base + 398, base + 397]
 
 
+@pytest.mark.parametrize("drawn", [True, False])
+async def test_lease_claims_trim_only_when_the_draw_says(
+        admin: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, drawn: bool) -> None:
+    # A won claim trims on about 1 in TRIM_EVERY (drawn by the caller, as on PostgreSQL):
+    # forced on, the job keeps exactly history_size runs; forced off, nothing is dropped.
+    monkeypatch.setattr("anarchon_core.backends.redis.lease.trim_drawn", lambda: drawn)
+    prefix = f"{namespace}:"
+    backend = RedisBackend(SHARED_URL, prefix=prefix)
+    backend.configure_retention(Retention(history_size=5))
+    await backend.start()
+    try:
+        base = await backend.clock_ms() - 100_000
+        for i in range(30):
+            r = req(base + i, overlap=True, max_late_ms=None)
+            assert (await backend.claim(r)).won
+            assert await backend.finish(ref(r), "success")
+        runs = await backend.history("job", limit=100)
+    finally:
+        await backend.stop()
+    kept = 5 if drawn else 30
+    assert len(runs) == kept
+    assert admin.zcard(f"{{{prefix}job}}:slots") == kept
+    assert admin.hlen(f"{{{prefix}job}}:state") == kept
+    assert [r.slot for r in runs[:2]] == [base + 29, base + 28]
+
+
 async def test_two_prefixes_on_one_server_are_isolated(namespace: str) -> None:
     for strategy in ("lease", "stream-id", "script"):
         one = RedisBackend(SHARED_URL, strategy=strategy, prefix=f"{namespace}{strategy}a:")

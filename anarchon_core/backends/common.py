@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -9,8 +10,18 @@ from ..errors import ConfigError, ReadOnlyError, StoreFormatError
 from .storeerrors import scrub
 
 __all__ = [
-    "check_format_value", "local_now_ms", "parse_flag", "refuse_write", "scrub", "time_ms",
+    "TRIM_EVERY", "check_format_value", "local_now_ms", "parse_flag", "refuse_write", "scrub",
+    "time_ms", "trim_drawn",
 ]
+
+#: A won claim trims its job's old history about once in this many (drawn at random): the
+#: bound stays ``history_size`` give or take a few runs, and most claims skip the work.
+TRIM_EVERY = 20
+
+
+def trim_drawn() -> bool:
+    """Whether this won claim is one of the 1 in :data:`TRIM_EVERY` that trims history."""
+    return random.random() < 1 / TRIM_EVERY
 
 
 def local_now_ms() -> int:

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..backend import Retention
 from ..decision import EARLY_TOLERANCE_MS, GAVE_UP, HANDED_OVER, LEASE_EXPIRED, OVERLAP_SKIP
 from ..models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest, ClaimResult
-from .sqlstore import TRIM_EVERY, Last, Step, Steps, Update, corrupt_records
+from .common import trim_drawn
+from .sqlstore import Last, Step, Steps, Update, corrupt_records
 
 __all__ = ["FUNCTION_VERSION", "claim_call", "claim_call_steps", "claim_function",
            "function_name", "update_call", "update_call_steps", "update_function"]
@@ -189,7 +189,7 @@ def claim_call_steps(reqs: Sequence[ClaimRequest],
     claims = [{"i": i, "job": r.job, "slot": r.slot, "manual": int(r.manual), "token": r.token,
                "runner": r.runner, "lease_ms": r.lease_ms, "overlap": r.overlap,
                "max_attempts": r.max_attempts, "max_late_ms": r.max_late_ms,
-               "missed": r.missed, "trim_history": random.random() < 1 / TRIM_EVERY}
+               "missed": r.missed, "trim_history": trim_drawn()}
               for i, r in ((i, reqs[i]) for i in order)]
     params = {"claims": json.dumps(claims), "keep_runs": retention.history_size,
               "keep_ms": retention.keep_ms, "ttl_ms": retention.history_ttl_ms}

@@ -21,7 +21,6 @@ job, so no decision depends on another of the same transaction.
 from __future__ import annotations
 
 import logging
-import random
 import re
 from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from ..models import (
 )
 from ..readmodel import STATUS_SQL, finish_page, load_meta, read_status, validate_query
 from ..schedules import ms_to_datetime
-from .common import check_format_value
+from .common import check_format_value, trim_drawn
 from .storeerrors import CorruptRecords
 
 __all__ = ["Batched", "Last", "SqlQueries", "Step", "Steps", "Update", "check_format",
@@ -56,8 +55,6 @@ log = logging.getLogger("anarchon.sql")
 #: Rows anarchon cannot read are reported once each, then skipped quietly.
 corrupt_records = CorruptRecords(log)
 
-#: A claim trims old history about once in this many won claims.
-TRIM_EVERY = 20
 #: No transaction yields more often than this (a bound for the drivers' loops).
 MAX_YIELDS = 10_000
 
@@ -316,7 +313,7 @@ def _claim_writes(req: ClaimRequest, decision: Decision, now: int,
             "status": "running", "runner": req.runner,
             "lease_until": decision.lease_until_ms, "finished_at": None, "error": None,
         }, rows=False))
-        if random.random() < 1 / TRIM_EVERY:
+        if trim_drawn():
             writes.append(trim_step(req.job, retention, now))
     elif decision.action is Action.SKIP:
         writes.append(Step("insert_attempt", {

@@ -129,7 +129,7 @@ class RedisBackend(Backend):
 
     async def _writes(self) -> Commands:
         """The connection for lease writes: followed by ``WAIT`` when acks are asked for."""
-        conn = await self._connection()
+        conn = self._conn or await self._connection()
         if not self.min_replicas_acks:
             return conn
         if self._acked is None or self._acked._conn is not conn:

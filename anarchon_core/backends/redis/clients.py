@@ -125,6 +125,11 @@ _LUA_CONSTANTS = {"LEASE_EXPIRED": LEASE_EXPIRED, "GAVE_UP": GAVE_UP,
 
 def plain(value: Any) -> Any:
     """A reply as plain values: ``bytes`` → ``str``, tuples → lists, recursively."""
+    kind = type(value)
+    if kind is bytes:  # exact types first: every reply of every call passes here
+        return value.decode("utf-8", "surrogateescape")
+    if kind is int or kind is str or value is None:
+        return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
     if isinstance(value, list | tuple):
@@ -190,7 +195,11 @@ class Commands:
         (a key of another type, say) fails alone.
         """
         if len(calls) == 1:  # alone: the script itself, without the batch around it
-            return await script.run_many(self, calls, batched=False)
+            keys, call_args = calls[0]
+            reply = await self.send_one(("EVALSHA", script.sha, len(keys), *keys, *call_args))
+            if not isinstance(reply, BaseException):
+                return [reply]
+            return await script.run_many(self, calls, batched=False)  # NOSCRIPT: loads it
         keys = [key for call_keys, _ in calls for key in call_keys]
         args: list[Arg] = [len(calls[0][0])]
         for _, call_args in calls:
@@ -256,6 +265,19 @@ class Commands:
                     out.append(self._failure(reply, str(args[0])) if isinstance(
                         reply, BaseException) else plain(reply))
         return out
+
+    async def send_one(self, command: tuple[Arg, ...]) -> Any:
+        """:meth:`call_many` of one command: its plain reply, or its error (not raised)."""
+        if self.batcher is None:
+            try:
+                return await self.call(*command)
+            except Exception as exc:  # noqa: BLE001 - returned, as call_many does
+                return exc
+        try:
+            reply = await self.client.execute_command(*command)
+        except Exception as exc:  # noqa: BLE001 - returned, as call_many does
+            return self._failure(exc, str(command[0]))
+        return plain(reply)
 
     def _failure(self, exc: BaseException, what: str) -> BaseException:
         """``exc`` as the error :meth:`call` would have raised for it."""
@@ -436,8 +458,11 @@ class LuaScript:
             return [reply for chunk, answer in zip(chunks, answers, strict=True)
                     for reply in ([answer] * len(chunk) if isinstance(answer, BaseException)
                                   else answer)]
-        replies = await conn.call_many([("EVALSHA", self.sha, len(keys), *keys, *args)
-                                        for keys, args in calls])
+        commands = [("EVALSHA", self.sha, len(keys), *keys, *args) for keys, args in calls]
+        replies = (await conn.call_many(commands) if len(commands) > 1
+                   else [await conn.send_one(commands[0])])
+        if not any(isinstance(r, BaseException) for r in replies):
+            return replies
         missing = [i for i, r in enumerate(replies) if isinstance(r, StoreError)
                    and is_noscript(r)]
         if missing:  # the server lost its scripts (a restart, SCRIPT FLUSH): load and redo

@@ -29,6 +29,7 @@ from ...models import (
 )
 from ...readmodel import load_meta, read_status
 from ...schedules import ms_to_datetime
+from ..common import trim_drawn
 from ..storeerrors import CorruptRecords
 from .clients import Commands, LuaScript
 from .keys import LEASE_PARTS, Part, redis_key
@@ -61,18 +62,22 @@ def _keys(prefix: str, job: str, *parts: Part) -> tuple[str, ...]:
 def _claim_call(prefix: str, req: ClaimRequest,
                 retention: Retention) -> tuple[tuple[str, ...], list[str]]:
     ttl = retention.history_ttl_ms
-    numbers = (req.slot, int(req.manual), req.lease_ms, int(req.overlap), req.max_attempts,
-               -1 if req.max_late_ms is None else req.max_late_ms, retention.keep_ms,
-               retention.history_size, -1 if ttl is None else ttl)
-    args = [req.token, req.runner, " ".join(map(str, numbers))]
+    late = req.max_late_ms
+    numbers = (f"{req.slot} {req.manual:d} {req.lease_ms} {req.overlap:d} {req.max_attempts} "
+               f"{-1 if late is None else late} {retention.keep_ms} {retention.history_size} "
+               f"{-1 if ttl is None else ttl} {trim_drawn():d}")
+    args = [req.token, req.runner, numbers]
     if req.missed is not None:
         args.append(req.missed)
     return _keys(prefix, req.job, *LEASE_PARTS), args
 
 
+_OUTCOMES = {outcome.value: outcome for outcome in ClaimOutcome}
+
+
 def _claim_result(conn: Commands, prefix: str, req: ClaimRequest, reply: Any) -> ClaimResult:
     try:
-        outcome, attempt, lease = ClaimOutcome(reply[0]), int(reply[1]), reply[2]
+        outcome, attempt, lease = _OUTCOMES[reply[0]], int(reply[1]), reply[2]
     except (TypeError, ValueError, IndexError, KeyError):
         raise StoreError(f"unexpected answer to the lease claim: {reply!r}") from None
     if len(reply) > 3 and reply[3]:

@@ -2,19 +2,25 @@
 -- KEYS: state (hash), active (set), slots (sorted set), runs (stream), results (sorted set)
 -- ARGV: token, runner, and the numbers in one space-separated argument (fewer arguments
 --       to encode on every claim): slot manual(0/1) lease_ms overlap(0/1) max_attempts
---       max_late_ms(-1: none) keep_ms history_size history_ttl_ms(-1: none); and, for a
+--       max_late_ms(-1: none) keep_ms history_size history_ttl_ms(-1: none) trim(0/1: whether
+--       a won claim trims the job's old history; the caller draws it); and, for a
 --       "missed" request (account for a slot nobody claimed; never run it), its reason
 -- Returns {outcome, attempt, lease_until_ms or "", {run_id, ...}}: the last item lists the
 -- runs whose state is corrupt (not JSON, unknown status) met on the way; they are skipped,
--- never taken over, and the caller reports them.
+-- never taken over, and the caller reports them. A won claim that met none leaves it out.
 -- The error texts below are decision.py's, put in when the script is loaded.
+-- Lua 5.1 makes a script's local functions anew on every call, so the helpers of the rarer
+-- paths (skips, takeovers, trimming) are made only on those paths.
 local LEASE_EXPIRED = "@LEASE_EXPIRED@"
 local GAVE_UP = "@GAVE_UP@"
 local OVERLAP_SKIP = "@OVERLAP_SKIP@"
 local EARLY_TOLERANCE_MS = tonumber("@EARLY_TOLERANCE_MS@")
 if redis.replicate_commands then redis.replicate_commands() end
-local P = {}
-for x in string.gmatch(ARGV[3], '%S+') do P[#P + 1] = x end
+local P = {string.match(ARGV[3],
+  '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')}
+if not P[10] then
+  return redis.error_reply('anarchon: malformed lease claim numbers ' .. tostring(ARGV[3]))
+end
 local slot_s, manual = P[1], P[2]
 local run_id = manual == '1' and 'm' .. slot_s or slot_s
 local t = redis.call('TIME')
@@ -53,69 +59,28 @@ end
 local state_key, active_key, slots_key, runs_key, results_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, runner = ARGV[1], ARGV[2]
-local slot = tonumber(slot_s)
-local lease_ms = tonumber(P[3])
-local max_attempts = tonumber(P[5])
-local max_late = tonumber(P[6])
-local keep_ms = tonumber(P[7])
-local history_size = tonumber(P[8])
-local ttl = tonumber(P[9])
 local function num(x) return string.format('%.0f', x) end
 local now_s = num(now)
--- results are scored slot*2+manual: one score per run (exact in a double until year 70000).
-local function score_of(s, m) return num(tonumber(s) * 2 + (m == '1' and 1 or 0)) end
-local score = score_of(slot_s, manual)
 
 local function log_attempt(attempt, status)
   redis.call('XADD', runs_key, 'MAXLEN', '~', P[8], '*', 'slot', slot_s, 'manual', manual,
              'attempt', attempt, 'status', status, 'runner', runner, 'token', token)
 end
 
--- End the current attempt `cur` with `status`: it gets its result entry (one per attempt).
--- An error noted while running (a hand-over on stop) is kept over `err`.
-local function end_attempt(cur, status, err)
-  err = cur.e or err
-  cur.s, cur.e, cur.f, cur.l = status, err, now_s, nil
-  redis.call('HSET', state_key, run_id, cjson.encode(cur))
-  redis.call('ZADD', results_key, score, cjson.encode(
-    {run = run_id, a = cur.a, s = status, b = cur.b, f = now_s, r = cur.r, e = err}))
-end
-
-local function record_skip(err, status)
-  status = status or 'skipped'
-  local rec = {a = '1', s = status, t = token, r = runner, b = now_s, f = now_s, e = err}
-  redis.call('HSET', state_key, run_id, cjson.encode(rec))
-  redis.call('ZADD', slots_key, slot_s, run_id)
-  redis.call('ZADD', results_key, score, cjson.encode(
-    {run = run_id, a = '1', s = status, b = now_s, f = now_s, r = runner, e = err}))
-  log_attempt('1', status)
-end
-
-local function other_live()
-  for _, id in ipairs(redis.call('SMEMBERS', active_key)) do
-    if id ~= run_id then
-      local other = redis.call('HGET', state_key, id)
-      if other then
-        local o = decode(id, other)
-        if o and o.s == 'running' and o.l and tonumber(o.l) > now then return true end
-      else
-        redis.call('SREM', active_key, id)
-      end
-    end
-  end
-  return false
-end
+-- The score of a run's results, slot*2+manual: one score per run (exact in a double until
+-- year 70000).
+local function score_of(s, m) return num(tonumber(s) * 2 + (m == '1' and 1 or 0)) end
 
 -- Drop finished runs beyond history_size and history_ttl_ms; never a running run, nor one
 -- a late claim could still ask for (slot within keep_ms of now).
-local function drop(id, s)
-  redis.call('HDEL', state_key, id)
-  redis.call('ZREM', slots_key, id)
-  local sc = score_of(s, string.sub(id, 1, 1) == 'm' and '1' or '0')
-  redis.call('ZREMRANGEBYSCORE', results_key, sc, sc)
-end
-
 local function trim()
+  local keep_ms, history_size, ttl = tonumber(P[7]), tonumber(P[8]), tonumber(P[9])
+  local function drop(id, s)
+    redis.call('HDEL', state_key, id)
+    redis.call('ZREM', slots_key, id)
+    local sc = score_of(s, string.sub(id, 1, 1) == 'm' and '1' or '0')
+    redis.call('ZREMRANGEBYSCORE', results_key, sc, sc)
+  end
   local keep_after = now - keep_ms
   local excess = redis.call('ZCARD', slots_key) - history_size
   if excess > 0 then
@@ -145,19 +110,30 @@ local function trim()
 end
 
 local function start(attempt)
-  local lease_until = num(now + lease_ms)
+  local lease_until = num(now + tonumber(P[3]))
   local rec = {a = tostring(attempt), s = 'running', l = lease_until, t = token, r = runner,
                b = now_s}
   redis.call('HSET', state_key, run_id, cjson.encode(rec))
   redis.call('SADD', active_key, run_id)
   redis.call('ZADD', slots_key, slot_s, run_id)
   log_attempt(tostring(attempt), 'running')
-  trim()
-  return {'won', attempt, lease_until, corrupt}
+  if P[10] == '1' then trim() end
+  if corrupt[1] then return {'won', attempt, lease_until, corrupt} end
+  return {'won', attempt, lease_until}
 end
 
 if not st then
+  local slot, max_late = tonumber(slot_s), tonumber(P[6])
   if manual ~= '1' and slot > now + EARLY_TOLERANCE_MS then return {'early', 0, '', corrupt} end
+  local function record_skip(err, status)
+    status = status or 'skipped'
+    local rec = {a = '1', s = status, t = token, r = runner, b = now_s, f = now_s, e = err}
+    redis.call('HSET', state_key, run_id, cjson.encode(rec))
+    redis.call('ZADD', slots_key, slot_s, run_id)
+    redis.call('ZADD', results_key, score_of(slot_s, manual), cjson.encode(
+      {run = run_id, a = '1', s = status, b = now_s, f = now_s, r = runner, e = err}))
+    log_attempt('1', status)
+  end
   if ARGV[4] then
     record_skip(ARGV[4], 'missed')
     return {'late', 1, '', corrupt}
@@ -167,15 +143,40 @@ if not st then
                               num(now - slot), P[6]))
     return {'late', 1, '', corrupt}
   end
-  if P[4] ~= '1' and other_live() then
-    record_skip(OVERLAP_SKIP)
-    return {'overlap', 1, '', corrupt}
+  if P[4] ~= '1' then
+    local function other_live()
+      for _, id in ipairs(redis.call('SMEMBERS', active_key)) do
+        if id ~= run_id then
+          local other = redis.call('HGET', state_key, id)
+          if other then
+            local o = decode(id, other)
+            if o and o.s == 'running' and o.l and tonumber(o.l) > now then return true end
+          else
+            redis.call('SREM', active_key, id)
+          end
+        end
+      end
+      return false
+    end
+    if other_live() then
+      record_skip(OVERLAP_SKIP)
+      return {'overlap', 1, '', corrupt}
+    end
   end
   return start(1)
 end
--- running, lease expired
+
+-- running, lease expired: end the current attempt (it gets its result entry, one per
+-- attempt; an error noted while running, a hand-over on stop, is kept over `err`)
+local function end_attempt(cur, status, err)
+  err = cur.e or err
+  cur.s, cur.e, cur.f, cur.l = status, err, now_s, nil
+  redis.call('HSET', state_key, run_id, cjson.encode(cur))
+  redis.call('ZADD', results_key, score_of(slot_s, manual), cjson.encode(
+    {run = run_id, a = cur.a, s = status, b = cur.b, f = now_s, r = cur.r, e = err}))
+end
 local attempt = tonumber(st.a)
-if attempt < max_attempts then
+if attempt < tonumber(P[5]) then
   end_attempt(st, 'interrupted', LEASE_EXPIRED)
   return start(attempt + 1)
 end
