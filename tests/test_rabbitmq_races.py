@@ -1,14 +1,16 @@
-"""RabbitMQBackend under broker-side failures that concurrent first declarations cause.
+"""RabbitMQBackend under connections and channels that die under calls in flight.
 
 RabbitMQ 3.10 closes a whole connection (INTERNAL_ERROR, or RESOURCE_ERROR "Stream not
 found") when a channel publishes to a stream another client is still creating, and closes
 a channel (NOT_FOUND, "home node ... is down or inaccessible") when two clients' first
 declarations of one queue meet. Both are timing races; these tests cause the same
-closures on purpose, at a chosen moment.
+closures on purpose, at a chosen moment. So they do with the claims connection itself,
+cut as a network failure cuts it, or closed by the driver without a reason.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -18,6 +20,7 @@ from aiormq.exceptions import ConnectionInternalError
 
 from anarchon_core.backend import new_token
 from anarchon_core.backends.rabbitmq import RabbitMQBackend
+from anarchon_core.errors import StoreUnavailable
 from anarchon_core.models import ClaimRequest, ClaimResult
 
 from .stores import StoreHandle
@@ -116,5 +119,48 @@ async def test_declarations_whose_channel_the_broker_closed_are_tried_again(
         assert all(r.won for r in got)
         assert len(closed) == 2
         assert all(c.is_closed for c in closed)
+    finally:
+        await backend.stop()
+
+
+async def cut_claims_connection(backend: RabbitMQBackend, how: str) -> None:
+    """Kill the claims connection: its TCP link reset, or closed by aiormq with no reason."""
+    conn = backend._conn
+    assert conn is not None
+    assert conn.transport is not None
+    amqp = conn.transport.connection
+    if how == "reset":
+        # The writer task holds the stream writer; aborting its transport is a reset link.
+        writer = amqp._writer_task.get_coro().cr_frame.f_locals["writer"]
+        writer.transport.abort()
+    else:
+        await amqp.close()
+
+
+@pytest.mark.parametrize("how", ["reset", "closed without a reason"])
+async def test_claims_caught_on_a_dying_claims_connection_are_store_unavailable(
+    handle: StoreHandle, namespace: str, how: str
+) -> None:
+    # aiormq ends such calls with a bare Exception, a RuntimeError ("... closed") or a
+    # CancelledError of its own: each must reach the scheduler as StoreUnavailable (which
+    # it retries), never as a bug or as its own cancellation.
+    backend = tracked_backend(handle.extra, namespace, timeout_s=3)
+    await backend.start()
+    try:
+        slot = await backend.clock_ms()
+        answers: list[ClaimResult | BaseException] = []
+        for n in range(4):
+            claims = [asyncio.ensure_future(backend.claim(req(slot + n, "a", f"c{i}")))
+                      for i in range(JOBS)]
+            await asyncio.sleep(0.002 * n)
+            await cut_claims_connection(backend, how)
+            answers += await asyncio.gather(*claims, return_exceptions=True)
+        wrong = [a for a in answers
+                 if isinstance(a, BaseException) and not isinstance(a, StoreUnavailable)]
+        assert not wrong, [f"{type(a).__name__}: {a}" for a in wrong[:3]]
+        assert any(isinstance(a, StoreUnavailable) for a in answers)
+        # The next claims open a new connection and are won.
+        assert all(r.won for r in results(await backend.claim_many(
+            [req(slot + 10, "a", f"c{i}") for i in range(JOBS)])))
     finally:
         await backend.stop()

@@ -339,15 +339,40 @@ def test_error_messages_mask_credentials() -> None:
     assert scrub("redis://user:pa/ss#x@host:1/0") == "redis://user:***@host:1/0"
 
 
-async def test_cancellation_is_never_wrapped() -> None:
+async def test_the_callers_cancellation_is_never_wrapped() -> None:
     errors = StoreErrors(lambda: "B", lambda exc: "transient")
+    entered = asyncio.Event()
 
-    async def cancelled() -> None:
+    async def claim() -> None:
         with errors.guard("claim"):
-            raise asyncio.CancelledError
+            entered.set()
+            await asyncio.sleep(10)
 
+    task = asyncio.ensure_future(claim())
+    await entered.wait()
+    task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await cancelled()
+        await task
+    assert task.cancelled()
+
+
+async def test_a_cancellation_the_driver_made_is_store_unavailable() -> None:
+    # A connection closing under calls in flight cancels their futures (aiormq does): the
+    # call's task was not cancelled, so this is the store failing, not the caller leaving.
+    errors = StoreErrors(lambda: "B", lambda exc: "transient")
+    loop = asyncio.get_running_loop()
+
+    async def claim(future: asyncio.Future[None]) -> None:
+        with errors.guard("claim"):
+            await future
+
+    future: asyncio.Future[None] = loop.create_future()
+    task = asyncio.ensure_future(claim(future))
+    await asyncio.sleep(0)
+    future.cancel()  # the driver's future, not the task
+    with pytest.raises(StoreUnavailable, match=r"B is unavailable \(claim\)") as caught:
+        await task
+    assert isinstance(caught.value.__cause__, asyncio.CancelledError)
 
 
 def test_tune_timeouts_fits_redis_connection_to_the_lease() -> None:

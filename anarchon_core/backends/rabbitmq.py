@@ -157,7 +157,9 @@ def _classify(exc: BaseException) -> Kind:
 
     A connection or channel that closed or could not be opened is transient; a refused
     login or permission, a missing queue or one with other arguments, and any other AMQP
-    error are the store's. Anything else is not a store error.
+    error are the store's. So is what aiormq and aio-pika raise for calls caught on a
+    connection that is dying (:func:`_dying_connection`). Anything else is not a store
+    error.
     """
     if isinstance(exc, ProbableAuthenticationError | ChannelAccessRefused |
                   ChannelNotFoundEntity | ChannelPreconditionFailed):
@@ -167,7 +169,34 @@ def _classify(exc: BaseException) -> Kind:
         return TRANSIENT
     if isinstance(exc, AMQPError):
         return STORE
+    if _dying_connection(exc):
+        return TRANSIENT
     return None
+
+
+_CLOSED_TEXTS = ("closed", "not opened", "not ready", "no active transport")
+
+
+def _dying_connection(exc: BaseException) -> bool:
+    """Whether the driver raised ``exc`` for a call caught on a connection that is dying.
+
+    aiormq rejects the calls in flight on a connection that closes without a reason with
+    a bare ``Exception``; aiormq and aio-pika refuse a channel on a closed connection with
+    a ``RuntimeError`` ("... closed", "Connection was not opened"); a channel iterator
+    closed under a call ends it with ``StopAsyncIteration``. Only when the driver's own
+    code raised them: the same types from anywhere else are not the store's.
+    """
+    if not (type(exc) is Exception or isinstance(exc, StopAsyncIteration) or (
+            isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _CLOSED_TEXTS))):
+        return False
+    tb = exc.__traceback__
+    for _ in range(1_000):
+        if tb is None:
+            return False
+        if tb.tb_frame.f_globals.get("__name__", "").startswith(("aiormq", "aio_pika")):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 @dataclass
@@ -228,11 +257,13 @@ class _Link:
         """The next channel of a pool (publisher confirms on), opening it if needed."""
         self._next = index = (self._next + 1) % self._size
         conn = await self.connection()
-        pool = self._pools[publish]
-        channel = pool[index]
+        channel = self._pools[publish][index]
         if channel is not None and not channel.is_closed:
             return channel
         async with self._channel_lock:
+            # The connection may have died (and the pools been reset) while this waited.
+            conn = await self.connection()
+            pool = self._pools[publish]
             channel = pool[index]
             if channel is None or channel.is_closed:
                 channel = await conn.channel(publisher_confirms=True, on_return_raises=True)

@@ -9,7 +9,10 @@ and wraps every store call in :meth:`StoreErrors.guard`:
 * any other failure of the store (a permission, a corrupt or foreign value, a full disk)
   becomes :class:`~anarchon_core.errors.StoreError`;
 * anything else (``TypeError``, ``AttributeError``, ``AssertionError``, anarchon's own
-  errors, cancellation) propagates unchanged: a bug must surface once, loudly.
+  errors, cancellation) propagates unchanged: a bug must surface once, loudly;
+* except a ``CancelledError`` that reaches the call while its task is not being cancelled:
+  the driver cancelled a future of its own (a connection closing under calls in flight
+  rejects them so), which is a transient failure, not the caller's cancellation.
 
 The driver's exception is the ``__cause__``; the message names the backend as
 :meth:`~anarchon_core.backend.Backend.describe` shows it (no secrets) and what failed.
@@ -93,8 +96,12 @@ class StoreErrors:
             text = text[:_MAX_TEXT] + "…"
         detail = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         if kind == TRANSIENT:
-            return StoreUnavailable(f"{self._where()} is unavailable ({what}): {detail}")
+            return self.unavailable(what, detail)
         return StoreError(f"{self._where()}: {what} failed: {detail}")
+
+    def unavailable(self, what: str, detail: str) -> StoreUnavailable:
+        """The :class:`StoreUnavailable` saying ``what`` failed, and why (``detail``)."""
+        return StoreUnavailable(f"{self._where()} is unavailable ({what}): {detail}")
 
     def guard(self, what: str) -> _Guard:
         """Translate what the block raises; ``what`` names the operation in the message."""
@@ -115,11 +122,26 @@ class _Guard:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc is None or not isinstance(exc, Exception):
+        if exc is None:
+            return
+        if isinstance(exc, asyncio.CancelledError) and not _cancelling():
+            raise self._errors.unavailable(self._what, "the driver cancelled the call") \
+                from exc
+        if not isinstance(exc, Exception):
             return
         error = self._errors.translate(exc, self._what)
         if error is not None:
             raise error from exc
+
+
+def _cancelling() -> bool:
+    """Whether the running task is being cancelled (True when that cannot be known)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a worker thread
+        return True
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return task is None or cancelling is None or cancelling() > 0
 
 
 class CorruptRecords:
