@@ -162,6 +162,9 @@ async def test_scripts_flushed_from_the_server_are_loaded_again(tmp_path: Path) 
             admin.script_flush()
         many = await asyncio.gather(*(backend.claim(req(slot, f"d{i}")) for i in range(20)))
         assert all(r.won for r in many)
+        with redis.Redis(port=server.port) as admin:
+            admin.script_flush()
+        assert (await backend.claim(req(slot, "e", "alone"))).won  # a lone call, unbatched
     finally:
         await backend.stop()
         server.stop()

@@ -197,9 +197,9 @@ class Commands:
         if len(calls) == 1:  # alone: the script itself, without the batch around it
             keys, call_args = calls[0]
             reply = await self.send_one(("EVALSHA", script.sha, len(keys), *keys, *call_args))
-            if not isinstance(reply, BaseException):
-                return [reply]
-            return await script.run_many(self, calls, batched=False)  # NOSCRIPT: loads it
+            if isinstance(reply, StoreError) and is_noscript(reply):
+                return await script.run_many(self, calls, batched=False)  # loads the script
+            return [script.explain(reply, keys) if isinstance(reply, BaseException) else reply]
         keys = [key for call_keys, _ in calls for key in call_keys]
         args: list[Arg] = [len(calls[0][0])]
         for _, call_args in calls:
