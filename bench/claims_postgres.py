@@ -35,6 +35,7 @@ import asyncio
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -52,6 +53,7 @@ from .common import (
     SMOKE_COUNT,
     Measurement,
     add_smoke_flag,
+    interleaved,
     measure,
     print_table,
     warmup_for,
@@ -85,16 +87,22 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
             "INSERT INTO {} (job, slot) VALUES (%s, %s) ON CONFLICT DO NOTHING"
         ).format(floor_table)
         kw = {"count": count, "concurrency": concurrency}
+        warmup = warmup_for(count)
+        floor_name = "floor: INSERT ON CONFLICT"
 
-        async def floor(i: int) -> None:
-            await conn.execute(floor_sql, ("bench", BASE_SLOT + i))
+        def floor_of(phase: str) -> Callable[[int], Awaitable[None]]:
+            async def floor(i: int) -> None:
+                await conn.execute(floor_sql, (phase, BASE_SLOT + i))
+            return floor
 
         async def claim_won(i: int, tag: str = "a") -> None:
             # A job per call: every claim takes the full path, overlap check included.
             result = await backend.claim(claim_request(f"{tag}{i}", BASE_SLOT))
             assert result.won, result
 
-        rows = [await measure("claim won", claim_won, **kw)]
+        floor_row, won_row = await interleaved(
+            {floor_name: floor_of("a"), "claim won": claim_won}, count, concurrency, warmup)
+        rows = [won_row]
 
         # Backups: every slot is first won by "owner", then claimed by the measured caller.
         held: dict[int, ClaimRequest] = {}
@@ -114,8 +122,9 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
             r = held[i]
             assert await backend.heartbeat(RunRef(r.job, r.slot, r.token, 1), 600_000)
 
-        rows.append(await measure("claim lost (backup check)", claim_lost, **kw))
-        rows.append(await measure("heartbeat", heartbeat, **kw))
+        rows += (await interleaved({floor_name: floor_of("b"),
+                                    "claim lost (backup check)": claim_lost,
+                                    "heartbeat": heartbeat}, count, concurrency, warmup))[1:]
 
         if history:
             await conn.execute(sql.SQL(
@@ -125,8 +134,10 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
                 "FROM generate_series(1, %s) i").format(sql.Identifier(table)),
                 (history,))
             await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
-            rows.append(await measure(f"claim won, {history} rows of history",
-                                      lambda i: claim_won(i, "b"), **kw))
+            rows += (await interleaved({floor_name: floor_of("c"),
+                                        f"claim won, {history} rows of history":
+                                        lambda i: claim_won(i, "b")},
+                                       count, concurrency, warmup))[1:]
 
         pool = AsyncConnectionPool(url, min_size=4, max_size=4, open=False,
                                    kwargs={"autocommit": True})
@@ -144,7 +155,6 @@ async def run(url: str, count: int, concurrency: int, history: int) -> None:
 
         burst_rows = await bursts(backend, conn, floor_table, count)
 
-        floor_row = await measure("floor: INSERT ON CONFLICT", floor, **kw)
         print_table(
             f"PostgreSQL claims ({mask_url(url)}, {count} sequential calls for latency, "
             f"{count} with {concurrency} in flight for ops/s)",

@@ -23,8 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from anarchon_core.backend import new_token
 from anarchon_core.backends.redis import RedisBackend
@@ -35,42 +34,14 @@ from .common import (
     SMOKE_CONCURRENCY,
     SMOKE_COUNT,
     Measurement,
+    Op,
     add_smoke_flag,
+    interleaved,
     print_table,
     warmup_for,
 )
 
 JOBS = 100
-Op = Callable[[int], Awaitable[object]]
-
-
-async def interleaved(ops: dict[str, Op], count: int, concurrency: int,
-                      warmup: int) -> list[Measurement]:
-    """Latencies of each op, calls interleaved (op1(i), op2(i)...); then ops/s per op.
-
-    ``i`` runs from ``-warmup`` (untimed) up to ``2 * count - 1``, in increasing order.
-    """
-    for i in range(-warmup, 0):
-        for op in ops.values():
-            await op(i)
-    latencies: dict[str, list[float]] = {name: [] for name in ops}
-    for i in range(count):
-        for name, op in ops.items():
-            started = time.perf_counter()
-            await op(i)
-            latencies[name].append((time.perf_counter() - started) * 1000)
-    out = []
-    for name, op in ops.items():
-        queue = iter(range(count, 2 * count))
-
-        async def worker(op: Op = op, queue: object = queue) -> None:
-            for i in queue:  # type: ignore[attr-defined]
-                await op(i)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        out.append(Measurement(name, latencies[name], count / (time.perf_counter() - started)))
-    return out
 
 
 async def bench_strategy(url: str, strategy: str, count: int,

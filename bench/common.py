@@ -41,6 +41,9 @@ class Measurement:
     name: str
     latencies_ms: list[float]
     per_second: float
+    #: The floor's median when the floor's calls were interleaved with this row's
+    #: (:func:`interleaved`): the row's ratio is taken against it.
+    floor_ms: float | None = None
 
     @property
     def median_ms(self) -> float:
@@ -80,8 +83,50 @@ async def measure(
     return Measurement(name, latencies, count / elapsed)
 
 
+Op = Callable[[int], Awaitable[object]]
+
+
+async def interleaved(ops: dict[str, Op], count: int, concurrency: int,
+                      warmup: int) -> list[Measurement]:
+    """Latencies of each op, calls interleaved (op1(i), op2(i)...); then ops/s per op.
+
+    Noise from other processes (and the machine's speed, which drifts) hits every op
+    alike. ``i`` runs from ``-warmup`` (untimed) up to ``2 * count - 1``, in increasing
+    order. If the first op is named ``floor...``, every other row carries its median as
+    :attr:`Measurement.floor_ms`.
+    """
+    for i in range(-warmup, 0):
+        for op in ops.values():
+            await op(i)
+    latencies: dict[str, list[float]] = {name: [] for name in ops}
+    for i in range(count):
+        for name, op in ops.items():
+            started = time.perf_counter()
+            await op(i)
+            latencies[name].append((time.perf_counter() - started) * 1000)
+    out = []
+    for name, op in ops.items():
+        queue = iter(range(count, 2 * count))
+
+        async def worker(op: Op = op, queue: object = queue) -> None:
+            for i in queue:  # type: ignore[attr-defined]
+                await op(i)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        out.append(Measurement(name, latencies[name], count / (time.perf_counter() - started)))
+    if out[0].name.startswith("floor"):
+        for row in out[1:]:
+            row.floor_ms = out[0].median_ms
+    return out
+
+
 def print_table(title: str, rows: list[Measurement], floor: Measurement | None = None) -> None:
-    """Print rows with median, p99, throughput and, if given, the ratio to the floor."""
+    """Print rows with median, p99, throughput and, if given, the ratio to the floor.
+
+    A row measured interleaved with the floor (:attr:`Measurement.floor_ms`) is divided by
+    the floor of its own run.
+    """
     print(f"\n{title}")
     header = f"{'operation':<34} {'median ms':>10} {'p99 ms':>9} {'ops/s':>10}"
     if floor:
@@ -91,5 +136,5 @@ def print_table(title: str, rows: list[Measurement], floor: Measurement | None =
     for row in rows:
         line = f"{row.name:<34} {row.median_ms:>10.3f} {row.p99_ms:>9.3f} {row.per_second:>10.0f}"
         if floor:
-            line += f" {row.median_ms / floor.median_ms:>14.2f}"
+            line += f" {row.median_ms / (row.floor_ms or floor.median_ms):>14.2f}"
         print(line)
