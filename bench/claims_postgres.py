@@ -6,7 +6,9 @@
 
 The backend is built from the URL, as most users build it (one connection of its own); the
 floor is a plain ``INSERT ... ON CONFLICT DO NOTHING`` (autocommit, one round trip) over
-that same connection, measured in the same run. Rows:
+that same connection, measured in the same run: interleaved with the calls of each row
+but the pool one (a floor call, then the row's calls, in turn), and each ratio is taken
+against the floor of its own interleaving (the floor row printed is the first). Rows:
 
 * ``claim won``: a fresh run, the full path (lock, clock, state, overlap check, insert);
 * ``claim won, N rows of history``: the same after ``--history`` finished runs were added
