@@ -4,7 +4,10 @@
 the reads, then (after :func:`~anarchon_core.decision.decide` ran in Python) the writes
 with the ``COMMIT``. Here the whole claim runs on the server: a PL/pgSQL function applies
 the decision table line for line, as the Redis ``lease_claim`` Lua script does, and a
-batch of claims is one call of it, one statement, one round trip.
+batch of claims is one call of it, one statement, one round trip. A lone claim (the
+common case when nothing else is due) calls a second function made of the same decision
+text, which takes its fields as parameters and answers with one text: it spares the
+server the JSON and the row set, and the batch's lock statement for one job.
 
 The function is made from the very statements the two-message claim sends (the job
 locks, the current state read ``FOR UPDATE``, the clock with the overlap check, the
@@ -35,13 +38,14 @@ from .common import trim_drawn
 from .sqlstore import Last, Step, Steps, Update, corrupt_records
 
 __all__ = ["FUNCTION_VERSION", "claim_call", "claim_call_steps", "claim_function",
-           "function_name", "update_call", "update_call_steps", "update_function"]
+           "claim_one_call", "claim_one_function", "function_name", "update_call",
+           "update_call_steps", "update_function"]
 
 #: Part of the function's name: a release that changes the function changes it.
-FUNCTION_VERSION = 1
+FUNCTION_VERSION = 2
 #: The statements of :mod:`sqlstore` the function is made of (rendered with ``v_`` names).
-USED_QUERIES = ("lock_jobs", "current", "current_locked", "other_live", "insert_attempt",
-                "end_attempt", "trim", "trim_ttl")
+USED_QUERIES = ("lock_job", "lock_jobs", "current", "current_locked", "other_live",
+                "insert_attempt", "end_attempt", "trim", "trim_ttl")
 
 
 def function_name(runs: str, kind: str = "claim") -> str:
@@ -57,15 +61,81 @@ def _literal(text: str) -> str:
 def claim_function(name: str, q: Mapping[str, str], now: str) -> str:
     """``CREATE FUNCTION pg_temp.<name>`` from the statements ``q`` and the clock ``now``.
 
-    ``q`` holds :data:`USED_QUERIES` rendered with ``v_<name>`` for each ``:name``
-    parameter; ``q["current_locked"]`` is ``q["current"]`` read ``FOR UPDATE``. A run
-    whose lease may have expired is read again that way before it is taken over, so a
-    heartbeat or finish in flight ends first (and one that comes after finds itself
-    fenced); a claim that only answers ``running`` or ``done`` locks no row.
+    It takes a batch of claims as JSON and answers each with a row. ``q`` holds
+    :data:`USED_QUERIES` rendered with ``v_<name>`` for each ``:name`` parameter;
+    ``q["current_locked"]`` is ``q["current"]`` read ``FOR UPDATE``. A run whose lease may
+    have expired is read again that way before it is taken over, so a heartbeat or finish
+    in flight ends first (and one that comes after finds itself fenced); a claim that only
+    answers ``running`` or ``done`` locks no row.
+    """
+    return f"""CREATE OR REPLACE FUNCTION pg_temp.{name}(
+    p_claims JSON, v_keep_runs BIGINT, v_keep_ms BIGINT, v_ttl_ms BIGINT)
+RETURNS TABLE (o_i INTEGER, o_outcome TEXT, o_attempt INTEGER, o_lease BIGINT, o_stored TEXT)
+LANGUAGE plpgsql VOLATILE AS $anarchon$
+DECLARE
+    r RECORD;
+    v_lock_keys TEXT[];
+    v_job TEXT; v_slot BIGINT; v_manual INTEGER; v_token TEXT; v_runner TEXT;
+    {_DECLARED}
+BEGIN
+    -- Every job's lock first, in one fixed order (the order of the two-message claim).
+    SELECT array_agg(c.job) INTO v_lock_keys FROM json_to_recordset(p_claims) AS c(job TEXT);
+    PERFORM * FROM ({q['lock_jobs']}) AS locks;
+    FOR r IN SELECT * FROM json_to_recordset(p_claims) AS c({_CLAIM_FIELDS}) LOOP
+        v_job := r.job; v_slot := r.slot; v_manual := r.manual;
+        v_token := r.token; v_runner := r.runner;
+        o_i := r.i;
+        {_decision(q, now, "r.")}
+        RETURN NEXT;
+    END LOOP;
+END
+$anarchon$"""
+
+
+def claim_one_function(name: str, q: Mapping[str, str], now: str) -> str:
+    """``CREATE FUNCTION pg_temp.<name>``: :func:`claim_function` for one claim.
+
+    The claim comes as parameters and its answer as one text (``outcome attempt lease
+    stored``, NULLs empty), which the server makes and the client reads cheaper than JSON
+    and a row set; the decision is the same text as the batch function's. The job's lock is
+    taken alone, as the two-message claim takes the lock of a lone job.
+    """
+    params = ", ".join(f"p_{field}" for field in _CLAIM_FIELDS.split(", ")[6:])
+    return f"""CREATE OR REPLACE FUNCTION pg_temp.{name}(
+    v_job TEXT, v_slot BIGINT, v_manual INTEGER, v_token TEXT, v_runner TEXT, {params},
+    v_keep_runs BIGINT, v_keep_ms BIGINT, v_ttl_ms BIGINT)
+RETURNS TEXT
+LANGUAGE plpgsql VOLATILE AS $anarchon$
+DECLARE
+    v_lock_key TEXT := v_job;
+    o_outcome TEXT; o_attempt INTEGER; o_lease BIGINT; o_stored TEXT;
+    {_DECLARED}
+BEGIN
+    PERFORM * FROM ({q['lock_job']}) AS locks;
+    {_decision(q, now, "p_")}
+    RETURN format('%s %s %s %s', o_outcome, o_attempt, o_lease, o_stored);
+END
+$anarchon$"""
+
+
+#: The variables of the decision (beyond the claim's own fields and the answer).
+_DECLARED = """v_attempt INTEGER; v_status TEXT; v_error TEXT; v_lease_until BIGINT;
+    v_finished_at BIGINT; v_now BIGINT; v_live BOOLEAN;
+    v_keep_after BIGINT; v_ttl_cutoff BIGINT;
+    c_attempt INTEGER; c_token TEXT; c_status TEXT; c_lease BIGINT;"""
+
+
+def _decision(q: Mapping[str, str], now: str, field: str) -> str:
+    """The decision table for one claim, in PL/pgSQL: sets ``o_outcome`` and the rest.
+
+    The claim's job, slot, manual flag, token and runner are in ``v_`` variables; its other
+    fields are ``<field><name>`` (``r.lease_ms`` in the batch function's loop, ``p_lease_ms``
+    for a lone claim's parameters).
     """
     missing = [key for key in USED_QUERIES if key not in q]
     if missing:
         raise ValueError(f"claim function: missing statements {missing}")
+    r = field
 
     def write(status: str, error: str, finished: str, lease: str, attempt: str) -> str:
         return (f"v_attempt := {attempt}; v_status := {status}; v_error := {error}; "
@@ -76,58 +146,37 @@ def claim_function(name: str, q: Mapping[str, str], now: str) -> str:
         return (f"v_attempt := c_attempt; v_status := 'interrupted'; v_error := {error}; "
                 f"{q['end_attempt']};")
 
-    trim = (f"IF r.trim_history THEN v_keep_after := v_now - v_keep_ms; "
+    trim = (f"IF {r}trim_history THEN v_keep_after := v_now - v_keep_ms; "
             f"IF v_ttl_ms IS NULL THEN {q['trim']}; ELSE v_ttl_cutoff := v_now - v_ttl_ms; "
             f"{q['trim_ttl']}; END IF; END IF;")
     skip = "'skipped'"
-    return f"""CREATE OR REPLACE FUNCTION pg_temp.{name}(
-    p_claims JSON, v_keep_runs BIGINT, v_keep_ms BIGINT, v_ttl_ms BIGINT)
-RETURNS TABLE (o_i INTEGER, o_outcome TEXT, o_attempt INTEGER, o_lease BIGINT, o_stored TEXT)
-LANGUAGE plpgsql VOLATILE AS $anarchon$
-DECLARE
-    r RECORD;
-    v_lock_keys TEXT[];
-    v_job TEXT; v_slot BIGINT; v_manual INTEGER; v_token TEXT; v_runner TEXT;
-    v_attempt INTEGER; v_status TEXT; v_error TEXT; v_lease_until BIGINT;
-    v_finished_at BIGINT; v_now BIGINT; v_live BOOLEAN;
-    v_keep_after BIGINT; v_ttl_cutoff BIGINT;
-    c_attempt INTEGER; c_token TEXT; c_status TEXT; c_lease BIGINT;
-BEGIN
-    -- Every job's lock first, in one fixed order (the order of the two-message claim).
-    SELECT array_agg(c.job) INTO v_lock_keys FROM json_to_recordset(p_claims) AS c(job TEXT);
-    PERFORM * FROM ({q['lock_jobs']}) AS locks;
-    FOR r IN SELECT * FROM json_to_recordset(p_claims) AS c({_CLAIM_FIELDS}) LOOP
-        v_job := r.job; v_slot := r.slot; v_manual := r.manual;
-        v_token := r.token; v_runner := r.runner;
-        o_i := r.i; o_outcome := NULL; o_attempt := 0; o_lease := NULL; o_stored := NULL;
-        SELECT * INTO c_attempt, c_token, c_status, c_lease FROM ({q['current']}) AS cur;
-        IF NOT FOUND THEN
-            IF r.overlap THEN
-                v_now := {now}; v_live := FALSE;
-            ELSE
-                SELECT * INTO v_now, v_live FROM ({q['other_live']}) AS live;
-            END IF;
+    return f"""o_outcome := NULL; o_attempt := 0; o_lease := NULL; o_stored := NULL;
+        -- The run's state, the clock and the overlap check in one statement: a won claim
+        -- (the common case) needs all three, and the check costs a lookup when it does not.
+        SELECT * INTO v_now, v_live, c_attempt, c_token, c_status, c_lease
+            FROM ({q['other_live']}) AS live LEFT JOIN ({q['current']}) AS cur ON TRUE;
+        IF c_attempt IS NULL THEN
+            v_live := v_live AND NOT {r}overlap;
             IF v_slot > v_now + {EARLY_TOLERANCE_MS} AND v_manual = 0 THEN
                 o_outcome := 'early';
-            ELSIF r.missed IS NOT NULL THEN
-                {write("'missed'", "r.missed", "v_now", "NULL", "1")}
+            ELSIF {r}missed IS NOT NULL THEN
+                {write("'missed'", f"{r}missed", "v_now", "NULL", "1")}
                 o_outcome := 'late'; o_attempt := 1;
-            ELSIF r.max_late_ms IS NOT NULL AND v_now > v_slot + r.max_late_ms THEN
+            ELSIF {r}max_late_ms IS NOT NULL AND v_now > v_slot + {r}max_late_ms THEN
                 {write(skip, "format('late: first claimed %s ms after its time "
-                       "(max_late_ms=%s)', v_now - v_slot, r.max_late_ms)",
+                       f"(max_late_ms=%s)', v_now - v_slot, {r}max_late_ms)",
                        "v_now", "NULL", "1")}
                 o_outcome := 'late'; o_attempt := 1;
             ELSIF v_live THEN
                 {write(skip, _literal(OVERLAP_SKIP), "v_now", "NULL", "1")}
                 o_outcome := 'overlap'; o_attempt := 1;
             ELSE
-                {write("'running'", "NULL", "NULL", "v_now + r.lease_ms", "1")}
+                {write("'running'", "NULL", "NULL", f"v_now + {r}lease_ms", "1")}
                 {trim}
                 o_outcome := 'won'; o_attempt := 1; o_lease := v_lease_until;
             END IF;
         ELSE
-            v_now := {now};
-            IF c_status = 'running' AND r.missed IS NULL AND c_token <> v_token
+            IF c_status = 'running' AND {r}missed IS NULL AND c_token <> v_token
                     AND (c_lease IS NULL OR c_lease <= v_now) THEN
                 SELECT * INTO c_attempt, c_token, c_status, c_lease
                     FROM ({q['current_locked']}) AS cur;
@@ -136,26 +185,22 @@ BEGIN
             o_attempt := c_attempt; o_stored := c_status;
             IF c_status IS DISTINCT FROM 'running' THEN
                 o_outcome := 'done';
-            ELSIF r.missed IS NOT NULL THEN
+            ELSIF {r}missed IS NOT NULL THEN
                 o_outcome := 'running'; o_lease := c_lease;
             ELSIF c_token = v_token THEN
                 o_outcome := 'won'; o_lease := c_lease;
             ELSIF c_lease IS NOT NULL AND c_lease > v_now THEN
                 o_outcome := 'running'; o_lease := c_lease;
-            ELSIF c_attempt < r.max_attempts THEN
+            ELSIF c_attempt < {r}max_attempts THEN
                 {end(_literal(LEASE_EXPIRED))}
-                {write("'running'", "NULL", "NULL", "v_now + r.lease_ms", "c_attempt + 1")}
+                {write("'running'", "NULL", "NULL", f"v_now + {r}lease_ms", "c_attempt + 1")}
                 {trim}
                 o_outcome := 'won'; o_attempt := v_attempt; o_lease := v_lease_until;
             ELSE
                 {end(_literal(GAVE_UP))}
                 o_outcome := 'done';
             END IF;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
-END
-$anarchon$"""
+        END IF;"""
 
 
 #: The fields of each claim in the function's JSON argument, with their SQL types.
@@ -174,13 +219,37 @@ def claim_call(name: str) -> str:
             "BIGINT), CAST(%(keep_ms)s AS BIGINT), CAST(%(ttl_ms)s AS BIGINT))")
 
 
+def claim_one_call(name: str) -> str:
+    """The statement that calls the lone claim's function (``%(name)s`` parameters).
+
+    Each value is cast to its parameter's type, so one the type cannot hold fails as such
+    instead of finding no function to call.
+    """
+    fields = [field.split() for field in _CLAIM_FIELDS.split(", ")[1:]]
+    fields += [["keep_runs", "BIGINT"], ["keep_ms", "BIGINT"], ["ttl_ms", "BIGINT"]]
+    args = ", ".join(f"CAST(%({field})s AS {kind})" for field, kind in fields)
+    return f"SELECT pg_temp.{name}({args})"
+
+
 def claim_call_steps(reqs: Sequence[ClaimRequest],
                      retention: Retention) -> Steps[list[ClaimResult]]:
-    """Claims of distinct jobs as one call of the function: one statement.
+    """Claims of distinct jobs as one call of a function: one statement.
 
-    The claims go in the order of their jobs (the order every transaction takes row locks
-    in); the answers come back in ``reqs``' order.
+    A lone claim calls :func:`claim_one_function`; a batch calls :func:`claim_function`,
+    its claims in the order of their jobs (the order every transaction takes row locks
+    in), and the answers come back in ``reqs``' order.
     """
+    if len(reqs) == 1:
+        [req] = reqs
+        [[(answer,)]] = yield Last([Step("claim_one_call", {
+            "job": req.job, "slot": req.slot, "manual": int(req.manual), "token": req.token,
+            "runner": req.runner, "lease_ms": req.lease_ms, "overlap": req.overlap,
+            "max_attempts": req.max_attempts, "max_late_ms": req.max_late_ms,
+            "missed": req.missed, "trim_history": trim_drawn(),
+            "keep_runs": retention.history_size, "keep_ms": retention.keep_ms,
+            "ttl_ms": retention.history_ttl_ms})])
+        outcome, attempt, lease, stored = answer.split(" ", 3)
+        return [_result(req, (outcome, attempt, lease or None, stored or None))]
     if len({req.job for req in reqs}) != len(reqs):
         raise ValueError("a claim batch holds at most one claim per job")
     if not reqs:

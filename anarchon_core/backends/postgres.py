@@ -68,6 +68,8 @@ from .pgfunctions import (
     claim_call,
     claim_call_steps,
     claim_function,
+    claim_one_call,
+    claim_one_function,
     function_name,
     update_call,
     update_call_steps,
@@ -242,6 +244,7 @@ class PostgresBackend(Backend):
         in_function["current_locked"] = in_function["current"] + " FOR UPDATE"
         function = function_name(runs)
         create_function = claim_function(function, in_function, _NOW_MS)
+        lone = function_name(runs, "claim_one")
         updater = function_name(runs, "update")
         return {
             **queries.text,
@@ -249,6 +252,8 @@ class PostgresBackend(Backend):
             "claim_call": claim_call(function),
             # Sent as is (never through mogrify) before the first claim call of a session.
             "create:claim_call": create_function,
+            "claim_one_call": claim_one_call(lone),
+            "create:claim_one_call": claim_one_function(lone, in_function, _NOW_MS),
             "update_call": update_call(updater),
             "create:update_call": update_function(updater, in_function),
             "ddl_lock": "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))",
@@ -615,7 +620,7 @@ class _Source(Protocol):
 def _check_idle(conn: psycopg.BaseConnection[Any]) -> None:
     if conn.closed:
         raise psycopg.OperationalError("the connection given to PostgresBackend is closed")
-    if conn.info.transaction_status != TransactionStatus.IDLE:
+    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
         raise StoreError(
             "the psycopg connection given to PostgresBackend is inside a transaction: "
             "anarchon's claims would only be savepoints of it. Give anarchon a connection "
@@ -644,18 +649,21 @@ def _too_many() -> RuntimeError:
 # server instead, so psycopg prepares it once it has been run a few times.
 
 
-def _message(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
-             queries: dict[str, str], head: list[str], steps: list[Step],
+#: Binds parameters into a statement's text on the client (a client cursor's ``mogrify``).
+_Bind = Callable[[str, dict[str, Any]], str]
+
+
+def _message(bind: _Bind, queries: dict[str, str], head: list[str], steps: list[Step],
              commit: bool) -> str:
     """The statements of one round trip as one text (values bound as literals)."""
-    parts = [*head, *(cur.mogrify(queries[step.query], step.params) for step in steps)]
+    parts = [*head, *(bind(queries[step.query], step.params) for step in steps)]
     if commit:
         parts.append("COMMIT")
     return ";\n".join(parts)
 
 
 def _head(conn: psycopg.BaseConnection[Any], settings: dict[str, str] | None,
-          cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any]) -> list[str]:
+          bind: _Bind) -> list[str]:
     """The statements the first message starts with.
 
     ``BEGIN`` (unless the connection is not in autocommit mode: psycopg begins then), and
@@ -663,7 +671,7 @@ def _head(conn: psycopg.BaseConnection[Any], settings: dict[str, str] | None,
     """
     head = ["BEGIN"] if conn.autocommit else []
     if settings is not None:
-        head.append(cur.mogrify(_SETTINGS.format(scope="true"), settings))
+        head.append(bind(_SETTINGS.format(scope="true"), settings))
     return head
 
 
@@ -682,8 +690,7 @@ class _Send:
     params: dict[str, Any] | None = None
 
 
-def _messages(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
-              queries: dict[str, str], steps: Steps[T], head: list[str],
+def _messages(bind: _Bind, queries: dict[str, str], steps: Steps[T], head: list[str],
               session: _SessionFunctions) -> Generator[_Send, list[Any], T]:
     """The messages of ``steps``' transaction; each is sent back the replies it kept.
 
@@ -699,7 +706,7 @@ def _messages(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
         try:
             item = steps.send(reply)
         except StopIteration as done:
-            yield _Send(_message(cur, queries, head, [], commit=True), [])
+            yield _Send(_message(bind, queries, head, [], commit=True), [])
             result: T = done.value
             return result
         batch, last = _as_list(item), isinstance(item, Last)
@@ -711,7 +718,7 @@ def _messages(cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
         if not head and not commit and len(batch) == 1:
             # One statement alone: bound by the server, so the driver may prepare it.
             replies = yield _Send(queries[batch[0].query], [batch[0].rows], batch[0].params)
-        elif text := _message(cur, queries, head, batch, commit=commit):
+        elif text := _message(bind, queries, head, batch, commit=commit):
             replies = yield _Send(text, [None] * len(head) + [step.rows for step in batch])
         head = []
         reply = replies if isinstance(item, list) else replies[0]
@@ -797,16 +804,23 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, st
     for this transaction (None: the session has them).
     """
     _check_idle(conn)
-    cur = psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
+    client: psycopg.AsyncClientCursor[Any] | None = None
+
+    def bind(query: str, params: dict[str, Any]) -> str:
+        nonlocal client
+        client = client or psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
+        return client.mogrify(query, params)
+
     session = _SessionFunctions(conn)
-    messages = _messages(cur, queries, steps, _head(conn, settings, cur), session)
+    messages = _messages(bind, queries, steps, _head(conn, settings, bind), session)
     bound: psycopg.AsyncCursor[Any] | None = None
     try:
         send = next(messages)
         while True:
             if send.params is None:
-                used: psycopg.AsyncCursor[Any] = cur
-                await cur.execute(send.text)
+                client = client or psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
+                used: psycopg.AsyncCursor[Any] = client
+                await used.execute(send.text)
             else:
                 used = bound = bound or conn.cursor(row_factory=tuple_row)
                 await bound.execute(send.text, send.params)
@@ -845,16 +859,23 @@ def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
                 steps: Steps[T], settings: dict[str, str]) -> T:
     """The blocking twin of :func:`_drive_async`, for a user's synchronous connection."""
     _check_idle(conn)
-    cur = psycopg.ClientCursor(conn, row_factory=tuple_row)
+    client: psycopg.ClientCursor[Any] | None = None
+
+    def bind(query: str, params: dict[str, Any]) -> str:
+        nonlocal client
+        client = client or psycopg.ClientCursor(conn, row_factory=tuple_row)
+        return client.mogrify(query, params)
+
     session = _SessionFunctions(conn)
-    messages = _messages(cur, queries, steps, _head(conn, settings, cur), session)
+    messages = _messages(bind, queries, steps, _head(conn, settings, bind), session)
     bound: psycopg.Cursor[Any] | None = None
     try:
         send = next(messages)
         while True:
             if send.params is None:
-                used: psycopg.Cursor[Any] = cur
-                cur.execute(send.text)
+                client = client or psycopg.ClientCursor(conn, row_factory=tuple_row)
+                used: psycopg.Cursor[Any] = client
+                used.execute(send.text)
             else:
                 used = bound = bound or conn.cursor(row_factory=tuple_row)
                 bound.execute(send.text, send.params)

@@ -392,6 +392,12 @@ async def run_rounds(items: Sequence[Item], key: Callable[[Item], Hashable],
     :class:`~anarchon_core.errors.StoreError` is run again one item at a time, so only the
     item the store refuses fails.
     """
+    if len(items) == 1:  # a lone call: one transaction, no rounds to plan
+        try:
+            [answer] = await run([items[0]])
+        except StoreError as exc:
+            return [exc]
+        return [answer]
     answers: dict[int, R | BaseException] = {}
     unavailable: StoreUnavailable | None = None
     for group in rounds(items, key):
