@@ -124,10 +124,20 @@ async def test_declarations_whose_channel_the_broker_closed_are_tried_again(
 
 
 async def cut_claims_connection(backend: RabbitMQBackend, how: str) -> None:
-    """Kill the claims connection: its TCP link reset, or closed by aiormq with no reason."""
-    conn = backend._conn
-    assert conn is not None
-    assert conn.transport is not None
+    """Kill the claims connection: its TCP link reset, or closed by aiormq with no reason.
+
+    The connection cut by the round before may not be replaced yet (the claims open the
+    next one): this waits for a live one first, at most 5 s.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while True:
+        conn = backend._conn
+        if conn is not None and conn.transport is not None \
+                and conn.transport.connection.is_opened:
+            break
+        assert loop.time() < deadline, "no live claims connection within 5 s"
+        await asyncio.sleep(0.001)
     amqp = conn.transport.connection
     if how == "reset":
         # The writer task holds the stream writer; aborting its transport is a reset link.
