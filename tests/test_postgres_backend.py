@@ -422,8 +422,20 @@ async def test_a_claim_and_a_heartbeat_are_one_message_each(
         assert (await backend.claim(req("job", slot, "b"))).outcome is ClaimOutcome.RUNNING
         assert len(sent) == 3, sent
         assert all(";" not in text and "BEGIN" not in text for text in sent), sent
-        assert "pg_temp.anarchon_claim_" in sent[0]
+        # A lone claim calls the lone claim's function, not the batch's (JSON in, rows out).
+        assert "pg_temp.anarchon_claim_one_" in sent[0], sent[0]
+        assert "JSON" not in sent[0], sent[0]
         assert sent[1].startswith("UPDATE")
+        # Claims made together: the first goes alone, the two made meanwhile share one
+        # call of the batch function.
+        sent.clear()
+        results = await backend.claim_many([req(f"many{i}", slot) for i in range(3)])
+        assert all(not isinstance(r, BaseException) and r.won for r in results), results
+        assert "pg_temp.anarchon_claim_one_" in sent[0], sent
+        batch = [text for text in sent if "AS JSON" in text]
+        assert len(batch) == 1, sent
+        assert "many1" in batch[0], batch
+        assert "many2" in batch[0], batch
     finally:
         await backend.stop()
 
