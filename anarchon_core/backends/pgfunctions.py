@@ -100,7 +100,8 @@ def claim_one_function(name: str, q: Mapping[str, str], now: str) -> str:
     and a row set; the decision is the same text as the batch function's. The job's lock is
     taken alone, as the two-message claim takes the lock of a lone job.
     """
-    params = ", ".join(f"p_{field}" for field in _CLAIM_FIELDS.split(", ")[6:])
+    params = ", ".join(f"p_{field}" for field in _CLAIM_FIELDS.split(", ")
+                       if field.split()[0] not in _IN_VARIABLES)
     return f"""CREATE OR REPLACE FUNCTION pg_temp.{name}(
     v_job TEXT, v_slot BIGINT, v_manual INTEGER, v_token TEXT, v_runner TEXT, {params},
     v_keep_runs BIGINT, v_keep_ms BIGINT, v_ttl_ms BIGINT)
@@ -207,6 +208,9 @@ def _decision(q: Mapping[str, str], now: str, field: str) -> str:
 _CLAIM_FIELDS = ("i INTEGER, job TEXT, slot BIGINT, manual INTEGER, token TEXT, runner TEXT, "
                  "lease_ms BIGINT, overlap BOOLEAN, max_attempts INTEGER, max_late_ms BIGINT, "
                  "missed TEXT, trim_history BOOLEAN")
+#: The fields the decision reads from ``v_`` variables (the lone function's own parameters),
+#: and the batch's index of each claim; the others are ``r.<name>`` or ``p_<name>``.
+_IN_VARIABLES = ("i", "job", "slot", "manual", "token", "runner")
 
 
 def claim_call(name: str) -> str:
@@ -242,12 +246,7 @@ def claim_call_steps(reqs: Sequence[ClaimRequest],
     if len(reqs) == 1:
         [req] = reqs
         [[(answer,)]] = yield Last([Step("claim_one_call", {
-            "job": req.job, "slot": req.slot, "manual": int(req.manual), "token": req.token,
-            "runner": req.runner, "lease_ms": req.lease_ms, "overlap": req.overlap,
-            "max_attempts": req.max_attempts, "max_late_ms": req.max_late_ms,
-            "missed": req.missed, "trim_history": trim_drawn(),
-            "keep_runs": retention.history_size, "keep_ms": retention.keep_ms,
-            "ttl_ms": retention.history_ttl_ms})])
+            **_claim_fields(req), **_retention_params(retention)})])
         outcome, attempt, lease, stored = answer.split(" ", 3)
         return [_result(req, (outcome, attempt, lease or None, stored or None))]
     if len({req.job for req in reqs}) != len(reqs):
@@ -255,18 +254,27 @@ def claim_call_steps(reqs: Sequence[ClaimRequest],
     if not reqs:
         return []
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].job)
-    claims = [{"i": i, "job": r.job, "slot": r.slot, "manual": int(r.manual), "token": r.token,
-               "runner": r.runner, "lease_ms": r.lease_ms, "overlap": r.overlap,
-               "max_attempts": r.max_attempts, "max_late_ms": r.max_late_ms,
-               "missed": r.missed, "trim_history": trim_drawn()}
-              for i, r in ((i, reqs[i]) for i in order)]
-    params = {"claims": json.dumps(claims), "keep_runs": retention.history_size,
-              "keep_ms": retention.keep_ms, "ttl_ms": retention.history_ttl_ms}
+    claims = [{"i": i, **_claim_fields(reqs[i])} for i in order]
+    params = {"claims": json.dumps(claims), **_retention_params(retention)}
     [rows] = yield Last([Step("claim_call", params)])
     results = {int(row[0]): _result(reqs[int(row[0])], row[1:]) for row in rows}
     if len(results) != len(reqs) or set(results) != set(range(len(reqs))):
         raise RuntimeError(f"the claim function answered {len(rows)} of {len(reqs)} claims")
     return [results[i] for i in range(len(reqs))]
+
+
+def _claim_fields(req: ClaimRequest) -> dict[str, Any]:
+    """A claim's fields as the functions take them (:data:`_CLAIM_FIELDS` but ``i``)."""
+    return {"job": req.job, "slot": req.slot, "manual": int(req.manual), "token": req.token,
+            "runner": req.runner, "lease_ms": req.lease_ms, "overlap": req.overlap,
+            "max_attempts": req.max_attempts, "max_late_ms": req.max_late_ms,
+            "missed": req.missed, "trim_history": trim_drawn()}
+
+
+def _retention_params(retention: Retention) -> dict[str, Any]:
+    """The history bounds both claim functions take after the claims."""
+    return {"keep_runs": retention.history_size, "keep_ms": retention.keep_ms,
+            "ttl_ms": retention.history_ttl_ms}
 
 
 def _result(req: ClaimRequest, row: Sequence[Any]) -> ClaimResult:
