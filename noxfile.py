@@ -13,7 +13,7 @@ PACKAGES = ["anarchon_core", "anarchon_django", "anarchon_celery", "anarchon_aps
 def tests(session: nox.Session) -> None:
     """The whole test suite against the real services (see README)."""
     session.install("-e", ".[dev]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *(session.posargs or ["-n", "2"]))
 
 
 @nox.session
