@@ -20,6 +20,7 @@ namespace: prefix ``P:`` with job ``eu:sync`` (``{P:eu%3Async}:state``) and pref
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 __all__ = ["CLAIM_PARTS", "LEASE_PARTS", "Part", "job_from_key_part", "job_key_part", "redis_key"]
@@ -34,11 +35,12 @@ CLAIM_PARTS: tuple[Part, ...] = ("runs", "manual", "results")
 
 _ESCAPED = {":": "%3A", "{": "%7B", "}": "%7D", "%": "%25"}
 _UNESCAPED = {v: k for k, v in _ESCAPED.items()}
+_NEEDS_ESCAPE = re.compile(f"[{re.escape(''.join(_ESCAPED))}]")
 
 
 def job_key_part(job: str) -> str:
     """The job name as it appears in keys: ``:``, ``{``, ``}`` and ``%`` escaped."""
-    if not any(c in _ESCAPED for c in job):
+    if _NEEDS_ESCAPE.search(job) is None:
         return job
     return "".join(_ESCAPED.get(c, c) for c in job)
 
