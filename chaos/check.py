@@ -613,6 +613,21 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             # takeover waits for the slot's time and its delay says nothing about leases.
             report.takeover_causes["after an early claim (no backups before the slot)"] += 1
             continue
+        if prev.started_ms is not None and not any(e.attempt == prev.attempt for e in starts) \
+                and not _overlaps(store_down, prev.started_ms, taken):
+            # Its handler never started: the answer to its claim came after the lease could
+            # be confirmed, so the runner fenced itself at once and never heartbeated. The
+            # lease ended at the claim's time plus one lease, by the store's clock, whatever
+            # happened to the runner afterwards.
+            report.takeover_causes["won too late to run (never started)"] += 1
+            delay = taken - (prev.started_ms + lease_ms)
+            report.takeover_delays_ms.append(delay)
+            if delay < -LATE_TOLERANCE_MS:
+                report.early_takeovers.append(
+                    f"slot {slot} attempt {r.attempt}: claimed {-delay:.0f} ms before the "
+                    f"lease of attempt {prev.attempt} (pid {pid}, never started, so never "
+                    "heartbeated) could expire")
+            continue
         fault = _lease_ending_fault(faults, events, prev.started_ms, lease_ms)
         fault_window_store_down = fault is not None and _overlaps(
             store_down, fault.wall_ms - lease_ms, fault.wall_ms)

@@ -27,7 +27,9 @@ from chaos.servers import RedisServer
 
 from .stores import iter_ids, unavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# One worker runs every chaos run in turn (`-n 2 --dist loadgroup`): two at once on a
+# 2-core machine slow each other's instances and proxies past what their faults model.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.xdist_group("chaos")]
 
 #: chaos backend name → the tests/stores id whose presence says the backend is there.
 BACKENDS = {

@@ -6,7 +6,8 @@ a backup runs the slot again. No lease can prevent that (docs/concepts.md), so t
 lists it apart; the same two side effects without that partition are a duplicate and fail
 the run.
 
-A takeover's delay: judged from the pause that ended the lease, not from a later one.
+A takeover's delay: judged from the pause that ended the lease, not from a later one, and
+from the claim for an attempt whose handler never started.
 """
 
 from __future__ import annotations
@@ -149,3 +150,41 @@ def test_a_takeover_within_the_lease_of_the_only_pause_fails_the_run(tmp_path: P
     assert "claimed 800 ms before the lease of pid 1" in job.early_takeovers[0]
     assert any("TAKEOVER BEFORE LEASE EXPIRY" in f or "before the lease" in f
                for f in report.failures()), report.failures()
+
+
+def _unstarted_run(workdir: Path, taken_at: int) -> Path:
+    """Attempt 1 (pid 1) is claimed 5 ms after the slot but its handler never starts (the
+    claim's answer came too late); pid 1 is partitioned 1,700 ms after the slot; attempt 2
+    (pid 2) takes the run over at ``taken_at``."""
+    events: list[Event] = [
+        ("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {}),
+        ("partition", 1_700, 1, {"seconds": 2.3}), ("heal", 4_000, 1, {}),
+        ("settle", 9_000, None, {})]
+    ledger: dict[int, list[Line]] = {
+        2: [("start", 2, taken_at + 5), ("end", 2, taken_at + 600),
+            ("exit", 2, taken_at + 601)]}
+    return _write_run(workdir, backend="redis", interval_ms=20_000, max_late_ms=19_000,
+                      events=events, ledger=ledger, taken_at=taken_at, first_end=taken_at,
+                      second_end=taken_at + 610)
+
+
+def test_an_attempt_that_never_started_is_judged_from_its_claim(tmp_path: Path) -> None:
+    """Its runner never heartbeated, so a partition after the claim says nothing about
+    when its lease ended: the claim plus one lease does. Chaos seed 1173561178 on Redis,
+    under a loaded machine."""
+    report = check_run(_unstarted_run(tmp_path / "run", taken_at=2_100))
+    [job] = report.jobs
+    assert report.failures() == []
+    assert job.early_takeovers == []
+    assert job.takeover_delays_ms == [2_100 - (5 + LEASE_MS)]
+    assert job.takeover_causes["won too late to run (never started)"] == 1
+
+
+def test_an_attempt_that_never_started_taken_over_within_its_lease_fails_the_run(
+        tmp_path: Path) -> None:
+    report = check_run(_unstarted_run(tmp_path / "run", taken_at=1_500))
+    [job] = report.jobs
+    assert len(job.early_takeovers) == 1
+    assert "claimed 505 ms before the lease of attempt 1 (pid 1, never started" in \
+        job.early_takeovers[0]
+    assert any("before the lease" in f for f in report.failures()), report.failures()
