@@ -615,9 +615,10 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             continue
         if prev.started_ms is not None and not any(e.attempt == prev.attempt for e in starts) \
                 and not _overlaps(store_down, prev.started_ms, taken):
-            # Its handler never started: the answer to its claim came after the lease could
-            # be confirmed, so the runner fenced itself at once and never heartbeated. The
-            # lease ended at the claim's time plus one lease, by the store's clock, whatever
+            # Its handler never started: the claim's answer came after the lease could be
+            # confirmed (the runner fenced itself at once), or the runner was killed or
+            # stopped before its handler's first line. Either way it never heartbeated, so
+            # the lease ended at the claim plus one lease, by the store's clock, whatever
             # happened to the runner afterwards.
             report.takeover_causes["won too late to run (never started)"] += 1
             delay = taken - (prev.started_ms + lease_ms)
