@@ -120,8 +120,16 @@ def _paused_run(workdir: Path, pauses: list[tuple[int, int]], taken_at: int) -> 
     events.append(("settle", 15_000, None, {}))
     # Attempt 1 wakes up fenced after its first long pause: it never writes its end.
     first_exit = next((r for p, r in pauses if r - p >= LEASE_MS), taken_at - 5)
+    return _taken_over(workdir, events, [("start", 1, 11), ("exit", 1, first_exit + 1)],
+                       taken_at)
+
+
+def _taken_over(workdir: Path, events: list[Event], first_lines: list[Line],
+                taken_at: int) -> Path:
+    """A Redis run whose attempt 1 (pid 1) wrote ``first_lines`` and which attempt 2
+    (pid 2) took over at ``taken_at``, then ran to success."""
     ledger: dict[int, list[Line]] = {
-        1: [("start", 1, 11), ("exit", 1, first_exit + 1)],
+        1: first_lines,
         2: [("start", 2, taken_at + 5), ("end", 2, taken_at + 600),
             ("exit", 2, taken_at + 601)]}
     return _write_run(workdir, backend="redis", interval_ms=20_000, max_late_ms=19_000,
@@ -160,12 +168,7 @@ def _unstarted_run(workdir: Path, taken_at: int) -> Path:
         ("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {}),
         ("partition", 1_700, 1, {"seconds": 2.3}), ("heal", 4_000, 1, {}),
         ("settle", 9_000, None, {})]
-    ledger: dict[int, list[Line]] = {
-        2: [("start", 2, taken_at + 5), ("end", 2, taken_at + 600),
-            ("exit", 2, taken_at + 601)]}
-    return _write_run(workdir, backend="redis", interval_ms=20_000, max_late_ms=19_000,
-                      events=events, ledger=ledger, taken_at=taken_at, first_end=taken_at,
-                      second_end=taken_at + 610)
+    return _taken_over(workdir, events, [], taken_at)
 
 
 def test_an_attempt_that_never_started_is_judged_from_its_claim(tmp_path: Path) -> None:
