@@ -60,8 +60,12 @@ class CallBatcher(Generic[T, R]):
         self.batches = 0
         self.calls = 0
 
-    async def call(self, item: T) -> R:
-        """Send ``item`` with the calls made around it; its own answer, or its exception."""
+    def call(self, item: T) -> asyncio.Future[R]:
+        """Send ``item`` with the calls made around it: a future of its answer or exception.
+
+        The item is queued at once (a plain function, not a coroutine: thousands of
+        calls at one instant each save a coroutine); awaiting the future waits for it.
+        """
         loop = asyncio.get_running_loop()
         queue = self._queues.get(loop)
         if queue is None:
@@ -69,7 +73,7 @@ class CallBatcher(Generic[T, R]):
         future: asyncio.Future[R] = loop.create_future()
         queue.waiting.append((item, future))
         self._schedule(loop, queue)
-        return await future
+        return future
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, queue: _Queue[T, R]) -> None:
         if not queue.scheduled and queue.waiting and queue.in_flight < self.max_in_flight:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -359,20 +360,38 @@ class ClaimHandle:
     acheck_lease = check_lease
 
     async def _bounded(self, call: Awaitable[T], what: str) -> T:
-        """Await a store call, but never past the instant this handle fences itself."""
-        task = asyncio.ensure_future(call)
+        """Await a store call, but never past the instant this handle fences itself.
+
+        On Python 3.11+ the call is awaited in the caller's task under
+        :func:`asyncio.timeout` (no task of its own: every run records its end through
+        here) and cancelled past the deadline; anarchon's own connections time out on
+        their own well within a lease, so a client that swallowed the cancellation still
+        returns. Python 3.10 waits for the call in a task of its own.
+        """
         deadline = self.lease_deadline
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if timeout is not None and self._ending and self.timings is not None:
+        if deadline is None:
+            return await call
+        timeout = max(0.0, deadline - time.monotonic())
+        if self._ending and self.timings is not None:
             # Recording the end of code that has returned: late is still useful (the store
             # refuses it if another attempt took over), only a hung call is cut.
             timeout = max(timeout, self.timings.heartbeat_ms / 1000, _END_CALL_S)
-        if not await until_done(task, timeout):
-            task.cancel()  # some clients ignore it; the reply, if any, is dropped
+        if sys.version_info >= (3, 11):
+            limit = asyncio.timeout(timeout)
+            try:
+                async with limit:
+                    return await call
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+        else:  # pragma: no cover - Python 3.10
+            task = asyncio.ensure_future(call)
+            if await until_done(task, timeout):
+                return task.result()
+            task.cancel()
             task.add_done_callback(_consume)
-            raise StoreUnavailable(f"{self._label()}: {what} got no answer before the lease "
-                                   "deadline")
-        return task.result()
+        raise StoreUnavailable(f"{self._label()}: {what} got no answer before the lease "
+                               "deadline")
 
     # ------------------------------------------------------------------ the end
 

@@ -924,9 +924,13 @@ class Scheduler:
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(_log_crash)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scheduler task crashed", exc_info=task.exception())
 
     def _start_job(self, job: _Job) -> None:
         if job.handler is None or job.schedule is None or not job.fires:
@@ -1367,11 +1371,6 @@ def _as_slot(value: datetime | int, what: str) -> int:
 
 def _iso(slot: int) -> str:
     return ms_to_datetime(slot).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _log_crash(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("scheduler task crashed", exc_info=task.exception())
 
 
 def run_forever(*schedulers: Scheduler) -> None:

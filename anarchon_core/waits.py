@@ -1,7 +1,7 @@
 """Waiting for one future with a timeout, without cancelling it (``asyncio.wait`` for one).
 
-Every run waits like this twice (for its handler, and for its end record), so thousands
-of runs at one instant make it a hot path: one waiter future and one callback, instead of
+Every run waits like this for its handler, so thousands of runs at one instant make it a
+hot path: one waiter future and one callback, instead of
 the sets, counters and closures ``asyncio.wait`` builds for any number of futures.
 """
 

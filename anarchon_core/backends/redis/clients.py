@@ -22,7 +22,7 @@ import hashlib
 import inspect
 import json
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from importlib import resources
@@ -399,8 +399,8 @@ class LuaScript:
         explained.__cause__ = error.__cause__
         return explained
 
-    async def run(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg], *,
-                  read_only: bool = False) -> Any:
+    def run(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg], *,
+            read_only: bool = False) -> Awaitable[Any]:
         """EVALSHA, falling back to EVAL when the server does not have the script yet.
 
         ``read_only`` runs a script that only reads as ``EVALSHA_RO``/``EVAL_RO`` (Redis
@@ -408,12 +408,13 @@ class LuaScript:
         accepts; older servers get the plain commands. A key of another type than
         anarchon writes (``WRONGTYPE``) is a :class:`StoreError` naming the keys. Runs of
         the same script made at the same moment share one command where the server
-        allows (:meth:`batched`).
+        allows (:meth:`batched`). Returns the awaitable of the reply (the batch's future
+        itself when batched: no coroutine per call).
         """
         batcher = None if read_only else conn.script_batcher(self)
         if batcher is not None:
-            return await batcher.call((keys, args))
-        return await self._run_alone(conn, keys, args, read_only=read_only)
+            return batcher.call((keys, args))
+        return self._run_alone(conn, keys, args, read_only=read_only)
 
     async def _run_alone(self, conn: Commands, keys: Sequence[str], args: Sequence[Arg], *,
                          read_only: bool = False) -> Any:
