@@ -6,6 +6,13 @@ a backup may run the slot. Starting the handler then would run the slot twice at
 the handle fences itself instead, nothing is recorded, and a backup takes the run over.
 Found by the chaos harness on PostgreSQL (seed 20261211: a partition began 7 ms after a
 claim was sent, the handler started 3.7 s later, after the takeover).
+
+A claim committed but whose answer was lost is won again by the retry with the same
+token, with the lease the first commit set: that lease counts from the first try, not
+from the retry. Found by the chaos harness on a Redis Cluster with min_replicas_acks
+(seed 935434490: claims committed on a promoted primary with no replica yet failed their
+WAIT until it had one; the retry won 1.6 s later and started the handler 20 ms before a
+backup took the expired run over).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import time
 import pytest
 
 from anarchon_core import ClaimOutcome, JobContext, NotClaimed, Scheduler
+from anarchon_core.errors import StoreUnavailable
 from anarchon_core.models import ClaimRequest, ClaimResult
 from anarchon_core.scheduler import LATE_ANSWER
 from anarchon_core.testing import MemoryBackend
@@ -41,6 +49,24 @@ class LateAnswers(MemoryBackend):
             if left is not None:
                 self.late_claims[request.runner] = left - 1
             await asyncio.sleep(self.delay_s.get(request.runner, 0.0))
+        return result
+
+
+class LostAnswers(MemoryBackend):
+    """A memory store that commits some won claims but loses their answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: How many more won claims of a runner lose their answer, and after how long.
+        self.lose_wins: dict[str, int] = {}
+        self.delay_s = 0.0
+
+    async def claim(self, request: ClaimRequest) -> ClaimResult:
+        result = await super().claim(request)  # committed
+        if result.won and self.lose_wins.get(request.runner, 0) > 0:
+            self.lose_wins[request.runner] -= 1
+            await asyncio.sleep(self.delay_s)
+            raise StoreUnavailable("the claim's answer was lost")
         return result
 
 
@@ -157,3 +183,88 @@ async def test_a_lone_instance_answered_late_takes_its_own_run_over() -> None:
     finally:
         await scheduler.stop()
     assert [attempt for s, attempt in ran if s == slot] == [2]
+
+
+async def test_a_claim_won_again_by_its_retry_counts_its_lease_from_the_first_try() -> None:
+    store = LostAnswers()
+    scheduler = Scheduler(store, instance_id="lost", lease_ms=LEASE_MS,
+                          heartbeat_ms=HEARTBEAT_MS)
+    scheduler.define("job")
+    await scheduler.start()
+    try:
+        slot = int(time.time() * 1000)
+        # The first try's answer is lost after 1.5 leases; the retry wins that commit, whose
+        # lease has expired by then: not claimed, a backup takes the run over.
+        store.lose_wins["lost"], store.delay_s = 1, LEASE_MS / 1000 * 1.5
+        outcome = await scheduler.try_claim("job", slot)
+        assert isinstance(outcome, NotClaimed)
+        assert (outcome.outcome, outcome.reason) == (ClaimOutcome.RUNNING, LATE_ANSWER)
+        # An answer lost at once: the retry's win keeps nearly the whole lease.
+        store.lose_wins["lost"], store.delay_s = 1, 0.0
+        handle = await scheduler.try_claim("job", slot + 1)
+        assert handle
+        assert handle.attempt == 1
+        await handle.finish()
+    finally:
+        await scheduler.stop()
+
+
+async def test_a_scheduled_claim_whose_answer_was_lost_is_not_run_on_an_expired_lease() -> None:
+    store = LostAnswers()
+    ran: list[tuple[int, int]] = []
+    scheduler = Scheduler(store, instance_id="lost", lease_ms=LEASE_MS,
+                          heartbeat_ms=HEARTBEAT_MS)
+
+    async def handler(ctx: JobContext) -> None:
+        ran.append((ctx.slot, ctx.attempt))
+
+    scheduler.every("job", "2s", handler, jitter_ms=0)
+    slot = await next_slot_alone()
+    store.lose_wins["lost"], store.delay_s = 1, LEASE_MS / 1000 * 1.5
+    await scheduler.start()
+    try:
+        for _ in range(100):  # 5 s at most: the lost answer, the expiry, the takeover
+            if any(s == slot for s, _ in ran):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+    finally:
+        await scheduler.stop()
+    # Attempt 1 is committed but never runs (its lease expired before the retry won it).
+    assert [attempt for s, attempt in ran if s == slot] == [2]
+
+
+async def test_a_backup_takeover_whose_answer_was_lost_is_not_run_on_an_expired_lease(
+) -> None:
+    store = LostAnswers()
+    ran: list[tuple[int, int]] = []
+    backup = Scheduler(store, instance_id="backup", lease_ms=LEASE_MS,
+                       heartbeat_ms=HEARTBEAT_MS)
+
+    async def handler(ctx: JobContext) -> None:
+        ran.append((ctx.slot, ctx.attempt))
+
+    backup.every("job", "2s", handler, jitter_ms=0)
+    slot = await next_slot_alone()
+    # A runner that never heartbeats holds the slot until a second after it is due.
+    await asyncio.sleep(max(0.0, slot / 1000 - time.time() - 0.5))
+    ghost = await store.claim(ClaimRequest(job="job", slot=slot, token="ghost",
+                                           runner="ghost", lease_ms=1_500))
+    assert ghost.won
+    # The backup's first takeover is committed but its answer is lost; its next poll
+    # wins it again with that takeover's lease, expired by then.
+    store.lose_wins["backup"] = 1
+    await backup.start()
+    try:
+        for _ in range(120):  # 6 s at most
+            if any(s == slot for s, _ in ran):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+    finally:
+        await backup.stop()
+    assert [attempt for s, attempt in ran if s == slot] == [3]
+    history = await store.history("job")
+    attempts = sorted((r.attempt, r.runner, r.status) for r in history if r.slot == slot)
+    assert attempts[:2] == [(1, "ghost", "interrupted"), (2, "backup", "interrupted")]
+    assert attempts[2] == (3, "backup", "success")
