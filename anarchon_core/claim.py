@@ -414,9 +414,8 @@ class ClaimHandle:
             return False
         if self.ended:
             raise RuntimeError(f"{self._label()}: its end was already recorded")
-        return await self._end(
-            lambda: self.backend.finish(self.ref, status, error, record or None),
-            f"{status}{f' ({error})' if error else ''}")
+        return await self._end(self.backend.finish, (self.ref, status, error, record or None),
+                               f"{status}{f' ({error})' if error else ''}")
 
     async def release(self) -> bool:
         """Hand over: end the lease now so a backup takes the next attempt at once.
@@ -429,11 +428,10 @@ class ClaimHandle:
         if self.timings is None:
             self.ended = True
             return False
-        return await self._end(lambda: self.backend.release(self.ref), "handed over",
-                               "release")
+        return await self._end(self.backend.release, (self.ref,), "handed over", "release")
 
-    async def _end(self, call: Callable[[], Awaitable[bool]], what: str,
-                   name: str = "finish") -> bool:
+    async def _end(self, send: Callable[..., Awaitable[bool]], args: tuple[Any, ...],
+                   what: str, name: str = "finish") -> bool:
         # The code has returned, so a late end record is safe (the store refuses it once
         # another attempt took over) and worth it: while the store is unreachable nobody can
         # take over either, and the first record after it is back keeps the run from being
@@ -445,7 +443,7 @@ class ClaimHandle:
         while True:
             sent = time.monotonic()
             try:
-                accepted = await self._bounded(call(), "recording the end")
+                accepted = await self._bounded(send(*args), "recording the end")
                 self._health.succeeded(name, sent)
                 break
             except StoreUnavailable as exc:

@@ -139,8 +139,14 @@ class Attempt:
             # here, a finished run is freed at once instead of waiting for the collector.
             self.handle.remove_cancel_callback(self._on_cancel)
         self._settle(code)
+        handle = self.handle
+        if handle.fenced:
+            return
         try:
-            await self._record()
+            if self.status == "interrupted" and handle.timings is not None:
+                self.handed_over = await handle.release()
+            else:
+                await handle.finish(self.status, self.error)
         except Exception:
             log.exception("%s slot %s attempt %s: recording its end failed", ref.job,
                           ref.slot, ref.attempt)
@@ -178,14 +184,6 @@ class Attempt:
         else:
             self.status, self.error = "failed", "cancelled"
         self.finished_at = time.time()
-
-    async def _record(self) -> None:
-        if self.handle.fenced:
-            return
-        if self.status == "interrupted" and self.handle.timings is not None:
-            self.handed_over = await self.handle.release()
-            return
-        await self.handle.finish(self.status, self.error)
 
     def as_run(self) -> Run:
         """The attempt as a history entry, as this instance saw it."""

@@ -10,7 +10,8 @@ mode, the jobs registry); a store only knows its keys and scripts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from ...backend import Retention
 from ...decision import HANDED_OVER
@@ -79,29 +80,34 @@ class LeaseStore(RedisStore):
 
     leases = True
 
-    async def claim(self, conn: Commands, prefix: str, request: ClaimRequest,
-                    retention: Retention) -> ClaimResult:
+    # The single calls hand back the script's coroutine itself (no coroutine of their
+    # own): thousands of runs at one instant each make them.
+
+    def claim(self, conn: Commands, prefix: str, request: ClaimRequest,
+              retention: Retention) -> Coroutine[Any, Any, ClaimResult]:
         """Apply the lease decision table in one script (``lua/lease_claim.lua``)."""
-        return await lease_claim(conn, prefix, request, retention)
+        return lease_claim(conn, prefix, request, retention)
 
     async def claim_many(self, conn: Commands, prefix: str, requests: Sequence[ClaimRequest],
                          retention: Retention) -> list[ClaimResult | BaseException]:
         """Every claim script sent at once (pipelined on a client that can)."""
         return await lease_claim_many(conn, prefix, requests, retention)
 
-    async def heartbeat(self, conn: Commands, prefix: str, ref: RunRef, lease_ms: int) -> bool:
+    def heartbeat(self, conn: Commands, prefix: str, ref: RunRef,
+                  lease_ms: int) -> Coroutine[Any, Any, bool]:
         """Extend the lease to server-now + ``lease_ms`` if ``ref`` is the current attempt."""
-        return await lease_update(conn, prefix, "heartbeat", ref, lease_ms)
+        return lease_update(conn, prefix, "heartbeat", ref, lease_ms)
 
-    async def finish(self, conn: Commands, prefix: str, ref: RunRef, *, status: str,
-                     error: str | None, meta: str | None, retention: Retention) -> bool:
+    def finish(self, conn: Commands, prefix: str, ref: RunRef, *, status: str,
+               error: str | None, meta: str | None,
+               retention: Retention) -> Coroutine[Any, Any, bool]:
         """Record the attempt's end if ``ref`` is the current, running attempt."""
-        return await lease_update(conn, prefix, "finish", ref, run_score(ref.slot, ref.manual),
-                                  status, error or "", meta or "")
+        return lease_update(conn, prefix, "finish", ref, run_score(ref.slot, ref.manual),
+                            status, error or "", meta or "")
 
-    async def release(self, conn: Commands, prefix: str, ref: RunRef) -> bool:
+    def release(self, conn: Commands, prefix: str, ref: RunRef) -> Coroutine[Any, Any, bool]:
         """End the lease now so a backup takes the next attempt at once."""
-        return await lease_update(conn, prefix, "release", ref, HANDED_OVER)
+        return lease_update(conn, prefix, "release", ref, HANDED_OVER)
 
     async def history(self, conn: Commands, prefix: str, job: str, limit: int, *,
                       read_only: bool) -> list[Run]:
