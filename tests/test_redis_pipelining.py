@@ -101,9 +101,8 @@ async def test_claim_many_sends_its_claims_in_pipelines_of_a_bounded_size(
     calls, batches = batcher.calls, batcher.batches
     results = await backend.claim_many([req(slot, f"j{i}") for i in range(BURST)])
     assert all(isinstance(r, ClaimResult) and r.won for r in results)
-    # The job list: a command per job, in pipelines of a bounded size.
-    assert max(sizes) <= PIPELINE_SIZE
-    assert sum(sizes) == BURST
+    # The job list: one SADD of up to 500 jobs, the two of them in one pipeline.
+    assert sizes == [-(-BURST // 500)]
     # The claims: one batched script per SCRIPT_BATCH claims, all in one pipeline.
     claim_scripts = -(-BURST // SCRIPT_BATCH)
     assert (batcher.calls - calls, batcher.batches - batches) == (claim_scripts, 1)
@@ -114,6 +113,7 @@ async def test_claim_many_sends_its_claims_in_pipelines_of_a_bounded_size(
                for r in results)
     assert (batcher.calls - calls, batcher.batches - batches) == (claim_scripts, 1)
     assert sizes == []  # jobs listed already
+    assert set(await backend.job_names()) == {f"j{i}" for i in range(BURST)}
 
 
 async def test_a_bad_key_fails_only_its_own_claim_in_a_pipeline(namespace: str) -> None:

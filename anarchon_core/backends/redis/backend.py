@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 __all__ = ["Idmp", "Lease", "RedisBackend", "Script", "StreamId", "ValkeyBackend"]
 
 log = logging.getLogger("anarchon.redis")
+#: Job names listed by one ``SADD`` at most.
+_REGISTER_BATCH = 500
 _OTHERS = "'lease' (the default), 'stream-id' or 'script', which work on Redis 5+ and Valkey"
 
 
@@ -282,10 +284,14 @@ class RedisBackend(Backend):
         conn = await self._writes()
         new = sorted({r.job for r in requests} - self._registered)
         if new:
-            listed = await conn.call_many([("SADD", redis_key(self.prefix, "jobs"), job)
-                                           for job in new])
-            self._registered.update(j for j, r in zip(new, listed, strict=True)
-                                    if not isinstance(r, BaseException))
+            # Their first claims here also list the jobs: a few SADDs of many members each
+            # (a burst after a start lists thousands of jobs at once).
+            key = redis_key(self.prefix, "jobs")
+            groups = [new[i:i + _REGISTER_BATCH] for i in range(0, len(new), _REGISTER_BATCH)]
+            listed = await conn.call_many([("SADD", key, *group) for group in groups])
+            for group, reply in zip(groups, listed, strict=True):
+                if not isinstance(reply, BaseException):
+                    self._registered.update(group)
         return await self.store.claim_many(conn, self.prefix, requests, self.retention)
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
