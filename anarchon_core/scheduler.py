@@ -677,22 +677,18 @@ class Scheduler:
                                              else max_late_ms),
         )
 
-    async def _call_claim(self, request: ClaimRequest, give_up_at: float | None,
-                          lease_from: float | None = None) -> tuple[ClaimResult, float]:
+    async def _call_claim(self, request: ClaimRequest, give_up_at: float | None
+                          ) -> tuple[ClaimResult, float]:
         """Claim, retrying only transient store failures until ``give_up_at`` (store ms).
 
         Retries reuse the request's token, so a claim that was committed but whose answer
-        was lost is won again by the retry, with the lease that commit set. Returns the
-        result and the monotonic instant a won lease starts counting from: the sending
-        of the first try (or ``lease_from``, an earlier try of the same token whose answer
-        was lost), the earliest instant the store can have committed the claim.
+        was lost is won again by the retry (with the lease that commit set: see
+        :meth:`_handle`). Returns the result and the monotonic instant the successful
+        call was sent.
         """
         tries = 0
-        first: float | None = lease_from
         while True:
             sent = time.monotonic()
-            if first is None:
-                first = sent
             try:
                 result = await self.backend.claim(request)
             except StoreUnavailable as exc:
@@ -708,16 +704,16 @@ class Scheduler:
                 await asyncio.sleep(delay)
             else:
                 self._health.succeeded("claim", sent)
-                return result, first
+                return result, sent
 
     async def _claim_slot(self, job: _Job, slot: int, *, max_late_ms: int | None = None,
-                          raise_unavailable: bool = False, request: ClaimRequest | None = None,
-                          lease_from: float | None = None) -> ClaimHandle | NotClaimed:
+                          raise_unavailable: bool = False, request: ClaimRequest | None = None
+                          ) -> ClaimHandle | NotClaimed:
         if request is None:
             request = self._request(job, slot, max_late_ms=max_late_ms)
         give_up_at = slot + (request.max_late_ms or job.options.max_late_ms)
         try:
-            result, sent = await self._call_claim(request, give_up_at, lease_from)
+            result, sent = await self._call_claim(request, give_up_at)
             for _ in range(_EARLY_RETRIES):
                 if result.outcome is not ClaimOutcome.EARLY or self._stopping:
                     break
@@ -762,12 +758,22 @@ class Scheduler:
                                                                   self._now_ms()))
 
     def _handle(self, request: ClaimRequest, result: ClaimResult, sent: float) -> ClaimHandle:
+        """The handle of a won claim sent at ``sent``; its lease counts from then at most.
+
+        A claim committed but whose answer was lost is won again by a retry with the same
+        token (or a backup's next poll) with the lease that commit set, older than the
+        call that answered it, and maybe expired: the store's expiry, read on its clock,
+        shortens the handle's lease to match (a handle past it fences itself at once).
+        """
         timings = None
         if self.backend.supports_leases:
             timings = self._timings
             if (timings is None or timings.lease_ms != self.lease_ms
                     or timings.heartbeat_ms != self.heartbeat_ms):
                 timings = self._timings = LeaseTimings(self.lease_ms, self.heartbeat_ms)
+            if result.lease_until_ms is not None:
+                left_ms = result.lease_until_ms - self._now_ms()
+                sent = min(sent, time.monotonic() + (left_ms - timings.lease_ms) / 1000)
         ref = RunRef(request.job, request.slot, request.token, result.attempt, request.manual)
         return ClaimHandle(backend=self.backend, ref=ref, runner=self.instance_id,
                            timings=timings, sent_at=sent, events=self._events,
@@ -1093,13 +1099,7 @@ class Scheduler:
         if len(failed) < len(results):
             self._health.succeeded("claim", sent)
         for (job, slot), request, result in zip(due, requests, results, strict=True):
-            if isinstance(result, BaseException):
-                # Its answer was lost: the store may have committed it as sent, and the
-                # retry's win then carries that lease, counted from this send.
-                self._spawn(self._claim_and_handle(job, slot, request=request,
-                                                   lease_from=sent))
-                continue
-            if result.outcome is ClaimOutcome.EARLY:
+            if isinstance(result, BaseException) or result.outcome is ClaimOutcome.EARLY:
                 self._spawn(self._claim_and_handle(job, slot, request=request))
                 continue
             self._report_claim(request, result)
@@ -1132,10 +1132,8 @@ class Scheduler:
             log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
 
     async def _claim_and_handle(self, job: _Job, slot: int, max_late_ms: int | None = None,
-                                request: ClaimRequest | None = None,
-                                lease_from: float | None = None) -> None:
-        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request,
-                                         lease_from=lease_from)
+                                request: ClaimRequest | None = None) -> None:
+        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request)
         if self._stopping and not isinstance(outcome, ClaimHandle):
             return
         if isinstance(outcome, ClaimHandle):
@@ -1148,8 +1146,7 @@ class Scheduler:
 
         One token for the whole watch: a takeover that the store committed but whose
         answer was lost is won again by the next poll (the store knows the token), with
-        the lease that commit set, so it counts from the lost poll's sending (often
-        expired by then: the run is left to the next attempt, never run twice at once).
+        the lease that commit set (often expired by then: see :meth:`_handle`).
 
         After the store was unreachable, the runner could not heartbeat or record its end
         either, and its lease may have run out meanwhile: once the store answers again
@@ -1164,7 +1161,6 @@ class Scheduler:
         job.watching.add(key)
         request = self._request(job, slot, manual=manual)
         unreachable = False
-        lost: float | None = None  # the sending of the first poll whose answer was lost
         try:
             while not self._stopping and self._jobs.get(job.name) is job:
                 await asyncio.sleep(self.heartbeat_ms * random.uniform(1, 2) / 1000)
@@ -1180,8 +1176,6 @@ class Scheduler:
                     self._health.failed("claim", exc, sent)
                     log.debug("%s slot %s: backup check failed: %s", job.name, slot, exc)
                     unreachable = True
-                    if lost is None:
-                        lost = sent
                     continue
                 self._health.succeeded("claim", sent)
                 if result.won:
@@ -1189,7 +1183,7 @@ class Scheduler:
                     log.warning("%s slot %s: lease expired, taking over as attempt %s",
                                 job.name, slot, result.attempt,
                                 extra=_fields(job.name, slot, result.attempt, self.instance_id))
-                    handle = self._handle(request, result, sent if lost is None else lost)
+                    handle = self._handle(request, result, sent)
                     if self._stopping:
                         await handle.release()
                         return
@@ -1197,7 +1191,6 @@ class Scheduler:
                     return
                 if result.outcome is not ClaimOutcome.RUNNING:
                     return
-                lost = None  # answered "running": no takeover of this token is stored
         finally:
             if job.watching is not None:
                 job.watching.discard(key)

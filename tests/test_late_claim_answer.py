@@ -8,8 +8,8 @@ Found by the chaos harness on PostgreSQL (seed 20261211: a partition began 7 ms 
 claim was sent, the handler started 3.7 s later, after the takeover).
 
 A claim committed but whose answer was lost is won again by the retry with the same
-token, with the lease the first commit set: that lease counts from the first try, not
-from the retry. Found by the chaos harness on a Redis Cluster with min_replicas_acks
+token, with the lease the first commit set: the handle's lease ends at that lease's
+expiry by the store's clock, not a whole lease after the retry. Found by the chaos harness on a Redis Cluster with min_replicas_acks
 (seed 935434490: claims committed on a promoted primary with no replica yet failed their
 WAIT until it had one; the retry won 1.6 s later and started the handler 20 ms before a
 backup took the expired run over).
@@ -185,7 +185,7 @@ async def test_a_lone_instance_answered_late_takes_its_own_run_over() -> None:
     assert [attempt for s, attempt in ran if s == slot] == [2]
 
 
-async def test_a_claim_won_again_by_its_retry_counts_its_lease_from_the_first_try() -> None:
+async def test_a_claim_won_again_by_its_retry_keeps_the_lease_its_first_commit_set() -> None:
     store = LostAnswers()
     scheduler = Scheduler(store, instance_id="lost", lease_ms=LEASE_MS,
                           heartbeat_ms=HEARTBEAT_MS)
