@@ -9,10 +9,10 @@ claim was sent, the handler started 3.7 s later, after the takeover).
 
 A claim committed but whose answer was lost is won again by the retry with the same
 token, with the lease the first commit set: the handle's lease ends at that lease's
-expiry by the store's clock, not a whole lease after the retry. Found by the chaos harness on a Redis Cluster with min_replicas_acks
-(seed 935434490: claims committed on a promoted primary with no replica yet failed their
-WAIT until it had one; the retry won 1.6 s later and started the handler 20 ms before a
-backup took the expired run over).
+expiry by the store's clock, not a whole lease after the retry. Found by the chaos
+harness on a Redis Cluster with min_replicas_acks (seed 935434490: claims committed on a
+promoted primary with no replica yet failed their WAIT until it had one; the retry won
+1.6 s later and started the handler 20 ms before a backup took the expired run over).
 """
 
 from __future__ import annotations
