@@ -677,14 +677,15 @@ class Scheduler:
                                              else max_late_ms),
         )
 
-    async def _call_claim(self, request: ClaimRequest, give_up_at: float | None
-                          ) -> tuple[ClaimResult, float]:
+    async def _call_claim(self, request: ClaimRequest, give_up_at: float | None,
+                          answer_lost: bool = False) -> tuple[ClaimResult, float]:
         """Claim, retrying only transient store failures until ``give_up_at`` (store ms).
 
         Retries reuse the request's token, so a claim that was committed but whose answer
-        was lost is won again by the retry (with the lease that commit set: see
-        :meth:`_handle`). Returns the result and the monotonic instant the successful
-        call was sent.
+        was lost is won again by the retry. Returns the result and the monotonic instant
+        its lease counts from: the sending of the successful call, or for a retry (or
+        ``answer_lost``: this request's earlier call failed) no later than the store's
+        own expiry allows (:meth:`_rewon_lease`).
         """
         tries = 0
         while True:
@@ -704,16 +705,33 @@ class Scheduler:
                 await asyncio.sleep(delay)
             else:
                 self._health.succeeded("claim", sent)
+                if tries or answer_lost:
+                    sent = self._rewon_lease(request, result, sent)
                 return result, sent
 
+    def _rewon_lease(self, request: ClaimRequest, result: ClaimResult, sent: float) -> float:
+        """Where the lease of a claim that may have been committed by an earlier call starts.
+
+        A claim committed but whose answer was lost is won again by a later call with the
+        same token (a retry, a backup's next poll) with the lease that commit set: older
+        than the call that answered it, and maybe expired. Its lease then ends at the
+        store's expiry (read on the store's clock) if that comes before ``sent`` plus
+        ``lease_ms``; a handle past it fences itself at once and a backup takes the run
+        over. Only such calls are bounded so: a fresh claim does not depend on the clock.
+        """
+        if not result.won or result.lease_until_ms is None:
+            return sent
+        left_ms = result.lease_until_ms - self._now_ms()
+        return min(sent, time.monotonic() + (left_ms - request.lease_ms) / 1000)
+
     async def _claim_slot(self, job: _Job, slot: int, *, max_late_ms: int | None = None,
-                          raise_unavailable: bool = False, request: ClaimRequest | None = None
-                          ) -> ClaimHandle | NotClaimed:
+                          raise_unavailable: bool = False, request: ClaimRequest | None = None,
+                          answer_lost: bool = False) -> ClaimHandle | NotClaimed:
         if request is None:
             request = self._request(job, slot, max_late_ms=max_late_ms)
         give_up_at = slot + (request.max_late_ms or job.options.max_late_ms)
         try:
-            result, sent = await self._call_claim(request, give_up_at)
+            result, sent = await self._call_claim(request, give_up_at, answer_lost)
             for _ in range(_EARLY_RETRIES):
                 if result.outcome is not ClaimOutcome.EARLY or self._stopping:
                     break
@@ -758,22 +776,12 @@ class Scheduler:
                                                                   self._now_ms()))
 
     def _handle(self, request: ClaimRequest, result: ClaimResult, sent: float) -> ClaimHandle:
-        """The handle of a won claim sent at ``sent``; its lease counts from then at most.
-
-        A claim committed but whose answer was lost is won again by a retry with the same
-        token (or a backup's next poll) with the lease that commit set, older than the
-        call that answered it, and maybe expired: the store's expiry, read on its clock,
-        shortens the handle's lease to match (a handle past it fences itself at once).
-        """
         timings = None
         if self.backend.supports_leases:
             timings = self._timings
             if (timings is None or timings.lease_ms != self.lease_ms
                     or timings.heartbeat_ms != self.heartbeat_ms):
                 timings = self._timings = LeaseTimings(self.lease_ms, self.heartbeat_ms)
-            if result.lease_until_ms is not None:
-                left_ms = result.lease_until_ms - self._now_ms()
-                sent = min(sent, time.monotonic() + (left_ms - timings.lease_ms) / 1000)
         ref = RunRef(request.job, request.slot, request.token, result.attempt, request.manual)
         return ClaimHandle(backend=self.backend, ref=ref, runner=self.instance_id,
                            timings=timings, sent_at=sent, events=self._events,
@@ -1100,7 +1108,8 @@ class Scheduler:
             self._health.succeeded("claim", sent)
         for (job, slot), request, result in zip(due, requests, results, strict=True):
             if isinstance(result, BaseException) or result.outcome is ClaimOutcome.EARLY:
-                self._spawn(self._claim_and_handle(job, slot, request=request))
+                self._spawn(self._claim_and_handle(
+                    job, slot, request=request, answer_lost=isinstance(result, BaseException)))
                 continue
             self._report_claim(request, result)
             if result.won:
@@ -1132,8 +1141,10 @@ class Scheduler:
             log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
 
     async def _claim_and_handle(self, job: _Job, slot: int, max_late_ms: int | None = None,
-                                request: ClaimRequest | None = None) -> None:
-        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request)
+                                request: ClaimRequest | None = None,
+                                answer_lost: bool = False) -> None:
+        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request,
+                                         answer_lost=answer_lost)
         if self._stopping and not isinstance(outcome, ClaimHandle):
             return
         if isinstance(outcome, ClaimHandle):
@@ -1146,7 +1157,7 @@ class Scheduler:
 
         One token for the whole watch: a takeover that the store committed but whose
         answer was lost is won again by the next poll (the store knows the token), with
-        the lease that commit set (often expired by then: see :meth:`_handle`).
+        the lease that commit set (often expired by then: see :meth:`_rewon_lease`).
 
         After the store was unreachable, the runner could not heartbeat or record its end
         either, and its lease may have run out meanwhile: once the store answers again
@@ -1161,6 +1172,7 @@ class Scheduler:
         job.watching.add(key)
         request = self._request(job, slot, manual=manual)
         unreachable = False
+        lost = False  # a poll's answer was lost since the last one answered
         try:
             while not self._stopping and self._jobs.get(job.name) is job:
                 await asyncio.sleep(self.heartbeat_ms * random.uniform(1, 2) / 1000)
@@ -1175,7 +1187,7 @@ class Scheduler:
                 except StoreUnavailable as exc:
                     self._health.failed("claim", exc, sent)
                     log.debug("%s slot %s: backup check failed: %s", job.name, slot, exc)
-                    unreachable = True
+                    unreachable = lost = True
                     continue
                 self._health.succeeded("claim", sent)
                 if result.won:
@@ -1183,6 +1195,8 @@ class Scheduler:
                     log.warning("%s slot %s: lease expired, taking over as attempt %s",
                                 job.name, slot, result.attempt,
                                 extra=_fields(job.name, slot, result.attempt, self.instance_id))
+                    if lost:
+                        sent = self._rewon_lease(request, result, sent)
                     handle = self._handle(request, result, sent)
                     if self._stopping:
                         await handle.release()
@@ -1191,6 +1205,7 @@ class Scheduler:
                     return
                 if result.outcome is not ClaimOutcome.RUNNING:
                     return
+                lost = False
         finally:
             if job.watching is not None:
                 job.watching.discard(key)
