@@ -3,6 +3,7 @@
     python -m bench.scale [--backend redis|postgres|sqlite] [--jobs 10000] [--every 60s]
                           [--instances 1] [--seconds 130] [--smoke]
     python -m bench.scale --registration 100000      # start-up and memory per daily job
+                                                     # (only that, unless --backend is given)
 
 Each instance is a process running one Scheduler with ``--jobs`` no-op async jobs
 ``every(--every)`` with the default options (jitter = min(1 s, 10 % of the interval)), all
@@ -198,24 +199,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gc-freeze", action="store_true",
                         help="call gc.freeze() in each instance once its scheduler started")
     parser.add_argument("--registration", type=int, default=0, metavar="N",
-                        help="measure start-up and memory of N registered daily jobs")
+                        help="measure start-up and memory of N registered daily jobs "
+                             "(only that, unless --backend is given)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     drain_s = DRAIN_S
     if args.smoke:
         args.jobs, args.every, args.seconds, drain_s = 200, "2s", 3.0, 3.0
         args.registration = args.registration or 2_000
-    stores = args.backend or ["redis", "postgres"]
+    # --registration alone measures registration only; with --backend, the scale runs too.
+    only_registration = bool(args.registration) and not args.backend and not args.smoke
+    stores = [] if only_registration else args.backend or ["redis", "postgres"]
     with tempfile.TemporaryDirectory() as tmp:
         rows = [run_scale(s, args.jobs, args.every, args.instances, args.seconds, Path(tmp),
                           drain_s, args.gc_freeze)
                 for s in stores]
-    print(f"\n{args.jobs} jobs every {args.every}, {args.instances} instance(s), "
-          f"{args.seconds:.0f} s (no-op async handlers, default jitter"
-          f"{', gc.freeze() after start' if args.gc_freeze else ''})\n")
-    print("| store | CPU s/min per instance | lateness p50 / p99 / max (ms) | jitter floor "
-          "(ms) | runs / due | duplicates | warning lines |")
-    print("|---|---|---|---|---|---|---|")
+    if rows:
+        print(f"\n{args.jobs} jobs every {args.every}, {args.instances} instance(s), "
+              f"{args.seconds:.0f} s (no-op async handlers, default jitter"
+              f"{', gc.freeze() after start' if args.gc_freeze else ''})\n")
+        print("| store | CPU s/min per instance | lateness p50 / p99 / max (ms) | jitter "
+              "floor (ms) | runs / due | duplicates | warning lines |")
+        print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['store']} | {r['cpu_per_min']:.2f} | {r['p50']:.0f} / {r['p99']:.0f} / "
               f"{r['max']:.0f} | {r['jitter']} | {r['ran']} / {r['expected']} | "
