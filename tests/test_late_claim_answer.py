@@ -77,6 +77,28 @@ async def next_slot_alone() -> int:
     return boundary + 2_000
 
 
+def every_2s(store: MemoryBackend, instance: str) -> tuple[Scheduler, list[tuple[int, int]]]:
+    """A scheduler with one no-jitter job every 2 s, and the (slot, attempt) it ran."""
+    ran: list[tuple[int, int]] = []
+    scheduler = Scheduler(store, instance_id=instance, lease_ms=LEASE_MS,
+                          heartbeat_ms=HEARTBEAT_MS)
+
+    async def handler(ctx: JobContext) -> None:
+        ran.append((ctx.slot, ctx.attempt))
+
+    scheduler.every("job", "2s", handler, jitter_ms=0)
+    return scheduler, ran
+
+
+async def until_ran(ran: list[tuple[int, int]], slot: int, tries: int = 100) -> None:
+    """Wait until ``slot`` ran (0.05 s per try), then a little more for a second run."""
+    for _ in range(tries):
+        if any(s == slot for s, _ in ran):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+
+
 async def test_run_now_answered_late_does_not_run_the_handler() -> None:
     store = LateAnswers()
     ran: list[int] = []
@@ -162,24 +184,13 @@ async def test_scheduled_slot_answered_late_is_run_once_by_a_backup() -> None:
 
 async def test_a_lone_instance_answered_late_takes_its_own_run_over() -> None:
     store = LateAnswers()
-    ran: list[tuple[int, int]] = []
-    scheduler = Scheduler(store, instance_id="late", lease_ms=LEASE_MS,
-                          heartbeat_ms=HEARTBEAT_MS)
-
-    async def handler(ctx: JobContext) -> None:
-        ran.append((ctx.slot, ctx.attempt))
-
-    scheduler.every("job", "2s", handler, jitter_ms=0)
+    scheduler, ran = every_2s(store, "late")
     store.delay_s["late"] = LEASE_MS / 1000 * 1.5
     store.late_claims["late"] = 1  # its first claim, of this slot
     slot = await next_slot_alone()
     await scheduler.start()
     try:
-        for _ in range(100):  # 5 s at most
-            if any(s == slot for s, _ in ran):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        await until_ran(ran, slot)  # 5 s at most
     finally:
         await scheduler.stop()
     assert [attempt for s, attempt in ran if s == slot] == [2]
@@ -211,23 +222,12 @@ async def test_a_claim_won_again_by_its_retry_keeps_the_lease_its_first_commit_s
 
 async def test_a_scheduled_claim_whose_answer_was_lost_is_not_run_on_an_expired_lease() -> None:
     store = LostAnswers()
-    ran: list[tuple[int, int]] = []
-    scheduler = Scheduler(store, instance_id="lost", lease_ms=LEASE_MS,
-                          heartbeat_ms=HEARTBEAT_MS)
-
-    async def handler(ctx: JobContext) -> None:
-        ran.append((ctx.slot, ctx.attempt))
-
-    scheduler.every("job", "2s", handler, jitter_ms=0)
+    scheduler, ran = every_2s(store, "lost")
     slot = await next_slot_alone()
     store.lose_wins["lost"], store.delay_s = 1, LEASE_MS / 1000 * 1.5
     await scheduler.start()
     try:
-        for _ in range(100):  # 5 s at most: the lost answer, the expiry, the takeover
-            if any(s == slot for s, _ in ran):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        await until_ran(ran, slot)  # 5 s at most: the lost answer, the expiry, the takeover
     finally:
         await scheduler.stop()
     # Attempt 1 is committed but never runs (its lease expired before the retry won it).
@@ -237,14 +237,7 @@ async def test_a_scheduled_claim_whose_answer_was_lost_is_not_run_on_an_expired_
 async def test_a_backup_takeover_whose_answer_was_lost_is_not_run_on_an_expired_lease(
 ) -> None:
     store = LostAnswers()
-    ran: list[tuple[int, int]] = []
-    backup = Scheduler(store, instance_id="backup", lease_ms=LEASE_MS,
-                       heartbeat_ms=HEARTBEAT_MS)
-
-    async def handler(ctx: JobContext) -> None:
-        ran.append((ctx.slot, ctx.attempt))
-
-    backup.every("job", "2s", handler, jitter_ms=0)
+    backup, ran = every_2s(store, "backup")
     slot = await next_slot_alone()
     # A runner that never heartbeats holds the slot until a second after it is due.
     await asyncio.sleep(max(0.0, slot / 1000 - time.time() - 0.5))
@@ -256,11 +249,7 @@ async def test_a_backup_takeover_whose_answer_was_lost_is_not_run_on_an_expired_
     store.lose_wins["backup"] = 1
     await backup.start()
     try:
-        for _ in range(120):  # 6 s at most
-            if any(s == slot for s, _ in ran):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        await until_ran(ran, slot, tries=120)  # 6 s at most
     finally:
         await backup.stop()
     assert [attempt for s, attempt in ran if s == slot] == [3]
