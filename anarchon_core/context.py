@@ -19,11 +19,11 @@ __all__ = ["LEASE_LOST", "STOPPING", "TIMEOUT", "JobContext"]
 class JobContext:
     """What a handler receives: which run it is, and whether it should stop.
 
-    Async handlers are cancelled as tasks (timeout and a lost lease at once, ``stop()``
-    after its grace period); sync handlers run in a worker thread and should look at
-    :attr:`cancelled` (or wait on :attr:`cancel_event`) between steps, or call
-    :meth:`raise_if_cancelled`. Whatever the handler does, its lease is held until its
-    code has returned. :attr:`meta` is recorded with the run (``Run.meta``).
+    Async handlers are awaited in their run's task and cancelled there (timeout and a lost
+    lease at once, ``stop()`` after its grace period); sync handlers run in a worker
+    thread and should look at :attr:`cancelled` (or wait on :attr:`cancel_event`) between
+    steps, or call :meth:`raise_if_cancelled`. Whatever the handler does, its lease is
+    held until its code has returned. :attr:`meta` is recorded with the run (``Run.meta``).
     """
 
     def __init__(self, handle: ClaimHandle, instance_id: str) -> None:

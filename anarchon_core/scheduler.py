@@ -201,6 +201,8 @@ class Scheduler:
         self._jobs_lock = threading.RLock()
         self._attempts: set[Attempt] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
+        #: Bound once: every run's task gets it as its done-callback.
+        self._on_task_done = self._task_done
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._stopping = False
@@ -943,7 +945,7 @@ class Scheduler:
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(self._on_task_done)
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
@@ -1123,7 +1125,7 @@ class Scheduler:
                 elif self._stopping:
                     self._spawn(handle.release())  # hand it straight over
                 else:
-                    self._spawn(self._run_handle(job, handle))
+                    self._spawn(self._run_won(job, handle))
             elif not self._stopping:
                 self._on_not_claimed(job, slot, NotClaimed(
                     job.name, slot, result.outcome, _reason(request, result, self._now_ms())))
@@ -1311,6 +1313,13 @@ class Scheduler:
                           attempt=handle.attempt, outcome=ClaimOutcome.PAUSED.value,
                           reason=reason)
         return NotClaimed(handle.job, handle.slot, ClaimOutcome.PAUSED, reason)
+
+    def _run_won(self, job: _Job, handle: ClaimHandle) -> Coroutine[Any, Any, None]:
+        """What runs a slot won at its instant: the attempt itself in the common case."""
+        threads = self._threads
+        if job.handler is not None and threads is not None and not self._is_paused(handle):
+            return self._run_attempt(self._attempt(job, handle, threads))
+        return self._run_handle(job, handle)
 
     async def _run_handle(self, job: _Job, handle: ClaimHandle) -> None:
         if self._is_paused(handle):
