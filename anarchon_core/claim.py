@@ -22,7 +22,6 @@ blocking twin for threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import threading
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import Cancelled, LeaseLost, StoreUnavailable
 from .events import EventBus, EventKind, run_fields
 from .health import StoreHealth
-from .keeperstarts import KeeperStarts
+from .keeperstarts import EndDeadlines, KeeperStarts
 from .models import RunRef, validate_meta
 from .schedules import ms_to_datetime
 from .waits import until_done
@@ -135,6 +134,9 @@ class ClaimHandle:
         #: The handles whose keeper starts with this one's (see keeperstarts); None once
         #: started or no longer wanted.
         self._keeper_start: set[Any] | None = None
+        #: The task awaiting an end record's call, and whether its deadline cut it.
+        self._end_task: asyncio.Task[Any] | None = None
+        self._end_cut = False
         if self.timings is not None:
             # Most runs end before their first heartbeat is due: the keeper task starts
             # only then (and always before the fence deadline, which it watches).
@@ -222,7 +224,7 @@ class ClaimHandle:
 
     def remove_cancel_callback(self, callback: Callable[[str], None]) -> None:
         """Forget a callback given to :meth:`add_cancel_callback` (no error if unknown)."""
-        with contextlib.suppress(ValueError):
+        if callback in self._callbacks:  # a short list; no exception machinery per run
             self._callbacks.remove(callback)
 
     def cancel(self, reason: str) -> None:
@@ -362,11 +364,13 @@ class ClaimHandle:
     async def _bounded(self, call: Awaitable[T], what: str) -> T:
         """Await a store call, but never past the instant this handle fences itself.
 
-        On Python 3.11+ the call is awaited in the caller's task under
-        :func:`asyncio.timeout` (no task of its own: every run records its end through
-        here) and cancelled past the deadline; anarchon's own connections time out on
-        their own well within a lease, so a client that swallowed the cancellation still
-        returns. Python 3.10 waits for the call in a task of its own.
+        On Python 3.11+ the call is awaited in the caller's task (no task of its own:
+        every run records its end through here) and the task is cancelled past the
+        deadline: by :func:`asyncio.timeout`, or for an end record by a timer shared with
+        the runs ending around it (see :class:`~anarchon_core.keeperstarts.EndDeadlines`).
+        anarchon's own connections time out on their own well within a lease, so a client
+        that swallowed the cancellation still returns. Python 3.10 waits for the call in a
+        task of its own.
         """
         deadline = self.lease_deadline
         if deadline is None:
@@ -376,6 +380,22 @@ class ClaimHandle:
             # Recording the end of code that has returned: late is still useful (the store
             # refuses it if another attempt took over), only a hung call is cut.
             timeout = max(timeout, self.timings.heartbeat_ms / 1000, _END_CALL_S)
+            if sys.version_info >= (3, 11):
+                task = asyncio.current_task()
+                assert task is not None
+                before = task.cancelling()
+                self._end_task, self._end_cut = task, False
+                due = EndDeadlines.for_loop(self.loop).add(self, timeout)
+                try:
+                    return await call
+                except asyncio.CancelledError:
+                    if not self._end_cut or task.uncancel() > before:
+                        raise
+                finally:
+                    due.discard(self)
+                    self._end_task = None
+                raise StoreUnavailable(f"{self._label()}: {what} got no answer in "
+                                       f"{timeout:.1f}s")
         if sys.version_info >= (3, 11):
             limit = asyncio.timeout(timeout)
             try:
@@ -392,6 +412,13 @@ class ClaimHandle:
             task.add_done_callback(_consume)
         raise StoreUnavailable(f"{self._label()}: {what} got no answer before the lease "
                                "deadline")
+
+    def _cut_end(self) -> None:
+        """The end record's call got no answer in time (called by ``EndDeadlines``)."""
+        task = self._end_task
+        if task is not None and not self._end_cut:
+            self._end_cut = True
+            task.cancel()
 
     # ------------------------------------------------------------------ the end
 

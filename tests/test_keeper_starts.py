@@ -7,7 +7,7 @@ import gc
 import random
 import weakref
 
-from anarchon_core.keeperstarts import GRAIN_S, KeeperStarts
+from anarchon_core.keeperstarts import GRAIN_S, EndDeadlines, KeeperStarts
 
 
 class _Handle:
@@ -57,3 +57,33 @@ def test_a_finished_event_loop_is_not_kept_alive() -> None:
     loop_ref = asyncio.run(one_handle())
     gc.collect()
     assert loop_ref() is None
+
+
+class _EndRecord:
+    def __init__(self) -> None:
+        self.cut_at: float | None = None
+
+    def _cut_end(self) -> None:
+        self.cut_at = asyncio.get_running_loop().time()
+
+
+async def test_end_deadlines_share_timers_apart_from_keeper_starts() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = EndDeadlines.for_loop(loop)
+    assert deadlines is not KeeperStarts.for_loop(loop)
+    timers_before = len(loop._scheduled)  # type: ignore[attr-defined]
+    now = loop.time()
+    records = [_EndRecord() for _ in range(500)]
+    sets = [deadlines.add(r, 0.2 + i / 10_000) for i, r in enumerate(records)]  # 0.20-0.25 s
+    assert len(loop._scheduled) - timers_before <= 3  # type: ignore[attr-defined]
+    answered = records[::2]
+    for record, record_set in zip(answered, sets[::2], strict=True):
+        record_set.discard(record)  # its call was answered in time
+    for _ in range(300):  # bounded: 3 s at most
+        if all(r.cut_at is not None for r in records[1::2]):
+            break
+        await asyncio.sleep(0.01)
+    assert all(r.cut_at is None for r in answered)
+    for record in records[1::2]:
+        assert record.cut_at is not None
+        assert now + 0.2 - GRAIN_S - 0.01 <= record.cut_at <= now + 0.25 + 1.0
