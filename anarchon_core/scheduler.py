@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import heapq
 import inspect
@@ -201,8 +202,10 @@ class Scheduler:
         self._jobs_lock = threading.RLock()
         self._attempts: set[Attempt] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
-        #: Bound once: every run's task gets it as its done-callback.
+        #: Bound once: every run's task gets it as its done-callback, run in one context
+        #: (it only forgets the task and logs a crash) instead of a copy per task.
         self._on_task_done = self._task_done
+        self._done_context = contextvars.Context()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._stopping = False
@@ -945,7 +948,7 @@ class Scheduler:
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._on_task_done)
+        task.add_done_callback(self._on_task_done, context=self._done_context)
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
