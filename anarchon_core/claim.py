@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import Cancelled, LeaseLost, StoreUnavailable
 from .events import EventBus, EventKind, run_fields
 from .health import StoreHealth
-from .keeperstarts import EndDeadlines, KeeperStarts
 from .models import RunRef, validate_meta
 from .schedules import ms_to_datetime
+from .sharedtimers import EndDeadlines, KeeperStarts
 from .waits import until_done
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class ClaimHandle:
         #: An end record (finish/release) is on its way: a heartbeat refused meanwhile is
         #: the store seeing that end, not another attempt.
         self._ending = False
-        #: The handles whose keeper starts with this one's (see keeperstarts); None once
+        #: The handles whose keeper starts with this one's (see sharedtimers); None once
         #: started or no longer wanted.
         self._keeper_start: set[Any] | None = None
         #: The task awaiting an end record's call, and whether its deadline cut it.
@@ -367,7 +367,7 @@ class ClaimHandle:
         On Python 3.11+ the call is awaited in the caller's task (no task of its own:
         every run records its end through here) and the task is cancelled past the
         deadline: by :func:`asyncio.timeout`, or for an end record by a timer shared with
-        the runs ending around it (see :class:`~anarchon_core.keeperstarts.EndDeadlines`).
+        the runs ending around it (see :class:`~anarchon_core.sharedtimers.EndDeadlines`).
         anarchon's own connections time out on their own well within a lease, so a client
         that swallowed the cancellation still returns. Python 3.10 waits for the call in a
         task of its own.

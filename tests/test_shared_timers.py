@@ -1,4 +1,4 @@
-"""Lease keepers of many handles won together start from a few shared timers."""
+"""Lease keepers and end-record deadlines of many handles share a few timers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import random
 import weakref
 
-from anarchon_core.keeperstarts import GRAIN_S, EndDeadlines, KeeperStarts
+from anarchon_core.sharedtimers import GRAIN_S, EndDeadlines, KeeperStarts
 
 
 class _Handle:
