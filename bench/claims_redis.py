@@ -7,10 +7,17 @@ For every strategy, over the same ``redis.asyncio`` client anarchon opens: the s
 claim of a fresh run (the winning path; 100 jobs in turn, as a service with many jobs
 would), for ``lease`` also a backup's check of a live run (the ``running`` answer), and
 the floor ``SET <key> <token> NX PX 30000``, the cheapest atomic "first writer wins" Redis
-has. Latencies are taken one call at a time with the floor and the claims interleaved, so
-that noise from other processes hits both alike; ops/s is a separate batch with
+has. For ``lease``, two more rows split a claim's cost above the floor. "Its six commands
+alone" is the least a claim script on the key layout of SPEC §4.1 can cost: it makes only
+the commands a won claim makes (``TIME``, ``HGET`` of the run's state, then one write to
+each of ``state``, ``active``, ``slots`` and ``runs``) and decides nothing. "Its script
+alone" is the claim script with its arguments built beforehand. The script row minus the
+six commands' row is the decision table's part; the claim row minus the script row is the
+Python that builds the call and reads the answer.
+Latencies are taken one call at a time with the floor and the claims interleaved, so that
+noise from other processes hits both alike; ops/s is a separate batch with
 ``--concurrency`` calls in flight. The last column is the median over the floor's median
-(target for ``lease``: ≤ 1.5). Keys go under a fresh prefix and are deleted afterwards.
+(target for the lease claim: ≤ 1.2). Keys go under a fresh prefix and are deleted afterwards.
 
 Slots are due ones, as the scheduler claims them: every call claims its own slot, all of
 them in the few seconds before the store's clock as read at the start (a slot more than
@@ -22,12 +29,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import secrets
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from anarchon_core.backend import new_token
 from anarchon_core.backends.redis import RedisBackend
-from anarchon_core.backends.redis.clients import Commands
+from anarchon_core.backends.redis.clients import Commands, LuaScript
+from anarchon_core.backends.redis.keys import LEASE_PARTS, redis_key
+from anarchon_core.backends.redis.lease import claim_call
 from anarchon_core.models import ClaimOutcome, ClaimRequest
 
 from .common import (
@@ -42,6 +53,19 @@ from .common import (
 )
 
 JOBS = 100
+#: The six commands of a won lease claim (SPEC §4.1 layout), with no decision around them.
+SIX_COMMANDS = """
+redis.call('TIME')
+redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', 1000, '*', 'slot', ARGV[1], 'manual', '0',
+           'attempt', '1', 'status', 'running', 'runner', 'bench', 'token', ARGV[2])
+return {'won', 1, ARGV[1]}
+"""
+SIX_COMMANDS_ROW = "lease: its six commands alone"
+SCRIPT_ROW = "lease: its script alone"
 
 
 async def bench_strategy(url: str, strategy: str, count: int,
@@ -79,6 +103,28 @@ async def bench_strategy(url: str, strategy: str, count: int,
     ops: dict[str, Op] = {"floor: SET NX PX 30000": floor, f"{strategy}: claim (wins)": claim}
     if strategy == "lease":
         ops["lease: claim (running: backup)"] = backup
+        sha = await conn.call("SCRIPT", "LOAD", SIX_COMMANDS)
+        # The run's state as a won claim writes it; keys of the same layout, other jobs.
+        state = json.dumps({"a": "1", "s": "running", "l": str(due + 30_000),
+                            "t": new_token(), "r": "bench", "b": str(due)})
+        calls = {i: (*(redis_key(prefix, part, f"six{i % JOBS}", tagged=True)
+                       for part in LEASE_PARTS), str(due + i), state)
+                 for i in range(-warmup, 2 * count)}
+
+        async def six_commands(i: int) -> object:
+            return await conn.call("EVALSHA", sha, len(LEASE_PARTS), *calls[i])
+
+        ops[SIX_COMMANDS_ROW] = six_commands
+        script = LuaScript.load("lease_claim")
+        await conn.call("SCRIPT", "LOAD", script.source)
+        ready = {i: claim_call(prefix, replace(request(i, "bench"), job=f"script{i % JOBS}"),
+                               backend.retention) for i in range(-warmup, 2 * count)}
+
+        async def script_alone(i: int) -> object:
+            keys, args = ready[i]
+            return await conn.call("EVALSHA", script.sha, len(keys), *keys, *args)
+
+        ops[SCRIPT_ROW] = script_alone
     try:
         return await interleaved(ops, count, concurrency, warmup)
     finally:

@@ -100,6 +100,7 @@ SMOKES: list[Smoke] = [
     Smoke("redis", "bench.claims_redis", [
         *table("floor: SET NX PX 30000", [], times=3),
         row("lease: claim (wins)"), row("lease: claim (running: backup)"),
+        row("lease: its six commands alone"), row("lease: its script alone"),
         row("stream-id: claim (wins)"), row("script: claim (wins)"),
     ], stores=("redis",), args=lambda: ["--url", redis_store.SHARED_URL]),
     Smoke("postgres", "bench.claims_postgres", [

@@ -34,7 +34,7 @@ from ..storeerrors import CorruptRecords
 from .clients import Commands, LuaScript
 from .keys import LEASE_PARTS, Part, redis_key
 
-__all__ = ["lease_claim", "lease_claim_many", "lease_expired", "lease_history",
+__all__ = ["claim_call", "lease_claim", "lease_claim_many", "lease_expired", "lease_history",
            "lease_update", "run_id", "run_score"]
 
 log = logging.getLogger("anarchon.redis")
@@ -59,8 +59,9 @@ def _keys(prefix: str, job: str, *parts: Part) -> tuple[str, ...]:
     return tuple(redis_key(prefix, p, job, tagged=True) for p in parts)
 
 
-def _claim_call(prefix: str, req: ClaimRequest,
-                retention: Retention) -> tuple[tuple[str, ...], list[str]]:
+def claim_call(prefix: str, req: ClaimRequest,
+               retention: Retention) -> tuple[tuple[str, ...], list[str]]:
+    """The keys and arguments of the claim script (``lua/lease_claim.lua``) for ``req``."""
     ttl = retention.history_ttl_ms
     late = req.max_late_ms
     numbers = (f"{req.slot} {req.manual:d} {req.lease_ms} {req.overlap:d} {req.max_attempts} "
@@ -89,7 +90,7 @@ def _claim_result(conn: Commands, prefix: str, req: ClaimRequest, reply: Any) ->
 async def lease_claim(conn: Commands, prefix: str, req: ClaimRequest,
                       retention: Retention) -> ClaimResult:
     """Run the claim script for ``req``; trimming keeps the namespace's ``retention``."""
-    reply = await LuaScript.load("lease_claim").run(conn, *_claim_call(prefix, req, retention))
+    reply = await LuaScript.load("lease_claim").run(conn, *claim_call(prefix, req, retention))
     return _claim_result(conn, prefix, req, reply)
 
 
@@ -101,7 +102,7 @@ async def lease_claim_many(conn: Commands, prefix: str, requests: Sequence[Claim
     round): a client that cannot pipeline sends each round's calls concurrently.
     """
     script = LuaScript.load("lease_claim")
-    calls = [_claim_call(prefix, req, retention) for req in requests]
+    calls = [claim_call(prefix, req, retention) for req in requests]
     replies: list[Any] = [None] * len(requests)
     for group in rounds(requests, key=lambda req: req.job):
         answers = await script.run_many(conn, [calls[i] for i in group])
