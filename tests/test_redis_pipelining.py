@@ -44,12 +44,19 @@ Started = tuple[RedisBackend, Commands]
 
 @pytest.fixture
 async def started(namespace: str) -> AsyncIterator[Started]:
-    """A started backend on the shared Redis (a prefix of its own) and its connection."""
+    """A started backend on the shared Redis (a prefix of its own) and its connection.
+
+    The claim scripts are loaded first: a server that has not run them yet (one just
+    started) answers ``NOSCRIPT`` once per batch, which is sent again with its source, and
+    the tests that count round trips count the batching, not the server's script cache.
+    """
     backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
     await backend.start()
     try:
         conn = backend._conn
         assert conn is not None
+        for script in (LuaScript.load("lease_claim"), LuaScript.batched("lease_claim")):
+            await conn.call("SCRIPT", "LOAD", script.source)
         yield backend, conn
     finally:
         await backend.stop()
