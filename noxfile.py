@@ -1,4 +1,4 @@
-"""Automation: ``nox -s tests lint typecheck demo chaos``."""
+"""Automation: ``nox -s tests lint typecheck demo chaos lowest``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ PACKAGES = ["anarchon_core", "anarchon_django", "anarchon_celery", "anarchon_aps
 def tests(session: nox.Session) -> None:
     """The whole test suite against the real services (see README)."""
     session.install("-e", ".[dev]")
+    session.run("pytest", *(session.posargs or ["-n", "2"]))
+
+
+@nox.session
+def lowest(session: nox.Session) -> None:
+    """The whole suite against the lowest release of each dependency pyproject.toml admits."""
+    session.install("-e", ".[dev]", "-c", ".ci/lowest-constraints.txt")
     session.run("pytest", *(session.posargs or ["-n", "2"]))
 
 

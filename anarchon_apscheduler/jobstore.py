@@ -25,7 +25,7 @@ import logging
 import pickle
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.jobstores.base import (  # type: ignore[import-untyped]
@@ -129,7 +129,7 @@ class AnarchonJobStore(BaseJobStore):  # type: ignore[misc]
                 log.warning("reading jobs from %r failed: %s; retrying in %.1fs", self.inner,
                             exc, self.sync_interval)
                 return
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             seen = set()
             for job in stored:
                 seen.add(job.id)
@@ -175,7 +175,7 @@ class AnarchonJobStore(BaseJobStore):  # type: ignore[misc]
         self._sync()
         with self._lock:
             times = [j.next_run_time for j in self._jobs.values() if j.next_run_time]
-        wake: datetime = datetime.now(timezone.utc) + timedelta(seconds=self.sync_interval)
+        wake: datetime = datetime.now(UTC) + timedelta(seconds=self.sync_interval)
         earliest: datetime = min([*times, wake])
         return earliest
 

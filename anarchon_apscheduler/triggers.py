@@ -17,7 +17,7 @@ them differ between processes, and both are handled here:
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.triggers.combining import (  # type: ignore[import-untyped]
@@ -31,7 +31,7 @@ __all__ = ["EPOCH", "check_trigger", "lateness_allowance_ms", "slot_for"]
 
 #: 1970-01-01T00:00:00Z: a fixed ``start_date`` that puts an interval on the epoch grid
 #: (``IntervalTrigger(seconds=10, start_date=EPOCH)`` fires at :00, :10, :20 ...).
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 #: Float rounding in APScheduler's interval arithmetic moves a run time by a microsecond
 #: or so; anything this close to a grid point is that grid point.

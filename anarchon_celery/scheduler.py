@@ -114,7 +114,7 @@ class _Runner:
             try:
                 await asyncio.wait_for(self.core.start(), _CALL_TIMEOUT_S)
                 break
-            except (StoreUnavailable, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, StoreUnavailable, OSError) as exc:
                 self.health.down(exc or "no answer")
             except AnarchonError as exc:  # e.g. a store written by a newer anarchon
                 self.health.down(exc)

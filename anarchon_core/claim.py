@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,7 +37,6 @@ from .health import StoreHealth
 from .models import RunRef, validate_meta
 from .schedules import ms_to_datetime
 from .sharedtimers import EndDeadlines, KeeperStarts
-from .waits import until_done
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -364,13 +362,12 @@ class ClaimHandle:
     async def _bounded(self, call: Awaitable[T], what: str) -> T:
         """Await a store call, but never past the instant this handle fences itself.
 
-        On Python 3.11+ the call is awaited in the caller's task (no task of its own:
-        every run records its end through here) and the task is cancelled past the
-        deadline: by :func:`asyncio.timeout`, or for an end record by a timer shared with
-        the runs ending around it (see :class:`~anarchon_core.sharedtimers.EndDeadlines`).
+        The call is awaited in the caller's task (no task of its own: every run records
+        its end through here) and the task is cancelled past the deadline: by
+        :func:`asyncio.timeout`, or for an end record by a timer shared with the runs
+        ending around it (see :class:`~anarchon_core.sharedtimers.EndDeadlines`).
         anarchon's own connections time out on their own well within a lease, so a client
-        that swallowed the cancellation still returns. Python 3.10 waits for the call in a
-        task of its own.
+        that swallowed the cancellation still returns.
         """
         deadline = self.lease_deadline
         if deadline is None:
@@ -380,36 +377,28 @@ class ClaimHandle:
             # Recording the end of code that has returned: late is still useful (the store
             # refuses it if another attempt took over), only a hung call is cut.
             timeout = max(timeout, self.timings.heartbeat_ms / 1000, _END_CALL_S)
-            if sys.version_info >= (3, 11):
-                task = asyncio.current_task()
-                assert task is not None
-                before = task.cancelling()
-                self._end_task, self._end_cut = task, False
-                due = EndDeadlines.for_loop(self.loop).add(self, timeout)
-                try:
-                    return await call
-                except asyncio.CancelledError:
-                    if not self._end_cut or task.uncancel() > before:
-                        raise
-                finally:
-                    due.discard(self)
-                    self._end_task = None
-                raise StoreUnavailable(f"{self._label()}: {what} got no answer in "
-                                       f"{timeout:.1f}s")
-        if sys.version_info >= (3, 11):
-            limit = asyncio.timeout(timeout)
+            task = asyncio.current_task()
+            assert task is not None
+            before = task.cancelling()
+            self._end_task, self._end_cut = task, False
+            due = EndDeadlines.for_loop(self.loop).add(self, timeout)
             try:
-                async with limit:
-                    return await call
-            except TimeoutError:
-                if not limit.expired():
+                return await call
+            except asyncio.CancelledError:
+                if not self._end_cut or task.uncancel() > before:
                     raise
-        else:  # pragma: no cover - Python 3.10
-            task = asyncio.ensure_future(call)
-            if await until_done(task, timeout):
-                return task.result()
-            task.cancel()
-            task.add_done_callback(_consume)
+            finally:
+                due.discard(self)
+                self._end_task = None
+            raise StoreUnavailable(f"{self._label()}: {what} got no answer in "
+                                   f"{timeout:.1f}s")
+        limit = asyncio.timeout(timeout)
+        try:
+            async with limit:
+                return await call
+        except TimeoutError:
+            if not limit.expired():
+                raise
         raise StoreUnavailable(f"{self._label()}: {what} got no answer before the lease "
                                "deadline")
 

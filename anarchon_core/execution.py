@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -111,11 +110,9 @@ class Attempt:
     def _take_back_cancels(self, task: asyncio.Task[Any], before: int) -> bool:
         """Withdraw the cancellations sent to the handler; True if nobody else cancelled."""
         sent, self._cancels_sent = self._cancels_sent, 0
-        if sys.version_info >= (3, 11):
-            for _ in range(sent):
-                task.uncancel()
-            return sent > 0 and task.cancelling() <= before
-        return sent > 0  # pragma: no cover - Python 3.10 cannot tell
+        for _ in range(sent):
+            task.uncancel()
+        return sent > 0 and task.cancelling() <= before
 
     def _time_out(self) -> None:
         if self._returned:
@@ -199,9 +196,7 @@ class Attempt:
         task = asyncio.current_task()
         assert task is not None
         self._here = task
-        before = 0
-        if sys.version_info >= (3, 11):
-            before = task.cancelling()
+        before = task.cancelling()
         self._started = True
         self.handle.add_cancel_callback(self._on_cancel)
         loop = self.handle.loop

@@ -19,7 +19,7 @@ import abc
 import functools
 import itertools
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -30,7 +30,7 @@ from .errors import ConfigError
 
 __all__ = ["CronSchedule", "EverySchedule", "Schedule", "ms_to_datetime"]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Bounds the walk over wall-clock times around a DST change; a 6-field cron firing every
 # second across a 2-hour shift needs 7,200 steps.
 _MAX_STEPS = 20_000
@@ -152,7 +152,7 @@ class CronSchedule(Schedule):
         self.tz = tz
         # Checked from the epoch and from now: what registration accepts, jobs() and the
         # job loop can compute.
-        now = int(datetime.now(timezone.utc).timestamp() * 1000)
+        now = int(datetime.now(UTC).timestamp() * 1000)
         for start in (0, now):
             try:
                 self.next_after(start)
@@ -179,7 +179,7 @@ class CronSchedule(Schedule):
     def _instant_ms(self, wall: datetime) -> int:
         """Map a naive wall-clock time to its slot by the module's DST rule."""
         first = wall.replace(tzinfo=self.zone, fold=0)
-        if first.astimezone(timezone.utc).astimezone(self.zone).replace(tzinfo=None) == wall:
+        if first.astimezone(UTC).astimezone(self.zone).replace(tzinfo=None) == wall:
             return _datetime_to_ms(first)  # exists; the first occurrence if it occurs twice
         # In a gap: the first valid instant is the transition itself, the smallest instant
         # whose wall time is past ``wall``. It lies between the two readings of ``wall``.

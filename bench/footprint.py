@@ -228,7 +228,7 @@ class RedisProbe(Probe):
             self.proc.terminate()
             try:
                 await asyncio.wait_for(self.proc.wait(), START_TIMEOUT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await asyncio.wait_for(self.proc.wait(), START_TIMEOUT_S)
 

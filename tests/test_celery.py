@@ -10,7 +10,7 @@ import time
 import types
 import urllib.request
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -106,16 +106,16 @@ def test_crontab_across_dst_changes_in_the_app_timezone() -> None:
         spec = anarchon_celery.job_spec(entry(app, "d", task="x", schedule=cron), tz, {})
         assert spec.tz == "America/New_York"
         computed = CronSchedule(spec.expression or "", spec.tz)
-        return [datetime.fromtimestamp(s / 1000, timezone.utc).strftime("%m-%d %H:%M")
+        return [datetime.fromtimestamp(s / 1000, UTC).strftime("%m-%d %H:%M")
                 for s in computed.upcoming(int(start.timestamp() * 1000), count)]
 
-    spring = datetime(2027, 3, 13, 12, tzinfo=timezone.utc)
+    spring = datetime(2027, 3, 13, 12, tzinfo=UTC)
     assert slots(crontab(minute=30, hour=2), spring, 3) == [
         "03-14 07:00", "03-15 06:30", "03-16 06:30"]
-    fall = datetime(2027, 11, 6, 12, tzinfo=timezone.utc)
+    fall = datetime(2027, 11, 6, 12, tzinfo=UTC)
     assert slots(crontab(minute=30, hour=1), fall, 3) == [
         "11-07 05:30", "11-08 06:30", "11-09 06:30"]
-    hourly = slots(crontab(minute=0, hour="0-3"), datetime(2027, 11, 7, 3, tzinfo=timezone.utc),
+    hourly = slots(crontab(minute=0, hour="0-3"), datetime(2027, 11, 7, 3, tzinfo=UTC),
                    4)
     assert hourly == ["11-07 04:00", "11-07 05:00", "11-07 07:00", "11-07 08:00"]
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -208,7 +208,7 @@ def test_traceback_flag_shows_the_rest(tmp_path: Path) -> None:
 
 
 def test_history_table_shows_each_runs_meta() -> None:
-    at = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+    at = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
     runs = [Run(job="report", slot=1_796_025_600_000, attempt=2, status="success",
                 runner="beat-2", started_at=at, finished_at=at,
                 meta={"task_id": "5f1c", "task": "proj.report"}),

@@ -11,7 +11,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -87,7 +87,7 @@ def test_jobs_report_schedule_next_slot_and_option_defaults(tmp_path: Path) -> N
     assert isinstance(ten.next_slot, int)
     assert ten.next_slot % 10_000 == 0
     assert now - 1_000 < ten.next_slot <= now + 10_000
-    assert ten.next_run_at == datetime.fromtimestamp(ten.next_slot / 1000, timezone.utc)
+    assert ten.next_run_at == datetime.fromtimestamp(ten.next_slot / 1000, UTC)
     assert ten.options == {"timeout_ms": None, "jitter_ms": 1_000, "max_late_ms": 10_000,
                            "overlap": False, "max_attempts": 3, "catch_up_ms": 0}
     # The jitter default: at most 1 s and at most 10 % of the gap between slots.
@@ -105,7 +105,7 @@ def test_jobs_report_schedule_next_slot_and_option_defaults(tmp_path: Path) -> N
         assert jitter <= gap // 10
     athens = info["athens"]
     assert athens.schedule == "cron 0 8 * * * Europe/Athens"
-    local = datetime.fromtimestamp(athens.next_slot / 1000, timezone.utc).astimezone(
+    local = datetime.fromtimestamp(athens.next_slot / 1000, UTC).astimezone(
         ZoneInfo("Europe/Athens"))
     assert (local.hour, local.minute, local.second) == (8, 0, 0)
     assert athens.options == {"timeout_ms": 60_000, "jitter_ms": 0, "max_late_ms": 5_000,
@@ -193,7 +193,7 @@ async def test_ctx_fields_for_manual_and_scheduled_runs(tmp_path: Path) -> None:
     for ctx in (manual, scheduled):
         assert ctx.job == "tick"
         assert isinstance(ctx.slot, int)
-        assert ctx.scheduled_at == datetime.fromtimestamp(ctx.slot / 1000, timezone.utc)
+        assert ctx.scheduled_at == datetime.fromtimestamp(ctx.slot / 1000, UTC)
         assert ctx.scheduled_at.utcoffset() == timedelta(0)
         assert ctx.attempt == 1
         assert ctx.instance_id == "ctx:7"

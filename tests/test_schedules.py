@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 
 from anarchon_core.errors import ConfigError
 from anarchon_core.schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
-
-UTC = timezone.utc
 
 
 def ms(iso: str) -> int:

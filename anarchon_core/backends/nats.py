@@ -466,7 +466,7 @@ class NatsBackend(ClaimOnlyBackend):
         record = claim_record(request, local_now_ms())
         try:
             ack = await self._publish_once(js, subject, encode_json(record), request.token)
-        except (APIError, nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, APIError, nats.errors.Error):
             # The claim may have been stored with only its acknowledgement lost: a retry
             # with this token must recognise it as ours.
             if len(self._uncertain) >= _UNCERTAIN_MAX:
@@ -552,7 +552,7 @@ class NatsBackend(ClaimOnlyBackend):
     async def _delete_consumer(self, js: Any, name: str) -> None:
         try:
             await js.delete_consumer(self.stream, name)
-        except (APIError, nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, APIError, nats.errors.Error) as exc:
             log.debug("deleting consumer %s: %s (it expires by itself)", name, exc)
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
@@ -920,13 +919,10 @@ def _finish_steps(steps: Steps[T], replies: list[Any]) -> T:
     raise RuntimeError("a transaction yielded steps after its Last ones")
 
 
-if sys.version_info >= (3, 11):
-    async def _within(work: Awaitable[T], seconds: float) -> T:
-        """``work``, cancelled after ``seconds`` (TimeoutError); no task of its own."""
-        async with asyncio.timeout(seconds):
-            return await work
-else:
-    _within = asyncio.wait_for
+async def _within(work: Awaitable[T], seconds: float) -> T:
+    """``work``, cancelled after ``seconds`` (TimeoutError); no task of its own."""
+    async with asyncio.timeout(seconds):
+        return await work
 
 
 #: Connections anarchon opens itself per backend: claims of different jobs due at one
@@ -1012,7 +1008,7 @@ class _OwnedConnection:
             # libpq's connect_timeout applies per address and attempt; this bounds it all,
             # including a server that accepts the connection and never answers.
             conn = await asyncio.wait_for(connect(), bound)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise psycopg.OperationalError(
                 f"no answer from the server within {bound:g} s (connect)") from None
         logger.debug("connected to %s", self.describe())
@@ -1040,7 +1036,7 @@ class _OwnedConnection:
                 try:
                     settings = self.settings if self.pooled else None
                     return await _within(_drive_async(conn, queries, steps, settings), limit)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise psycopg.OperationalError(
                         f"no answer from the server within {limit:g} s") from None
             except BaseException:

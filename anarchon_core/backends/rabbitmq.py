@@ -773,7 +773,7 @@ class RabbitMQBackend(ClaimOnlyBackend):
                 await asyncio.wait_for(done.wait(), self.timeout_s)
             else:
                 await asyncio.wait_for(self._until_quiet(delivered), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise StoreUnavailable(f"reading {queue.name} took longer than {self.timeout_s}s") \
                 from None
         finally:
@@ -788,5 +788,5 @@ class RabbitMQBackend(ClaimOnlyBackend):
             delivered.clear()
             try:
                 await asyncio.wait_for(delivered.wait(), READ_ONLY_QUIET_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return

@@ -140,7 +140,7 @@ def _cancelling() -> bool:
         task = asyncio.current_task()
     except RuntimeError:  # no running loop: a worker thread
         return True
-    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    cancelling = getattr(task, "cancelling", None)  # a task class of its own may lack it
     return task is None or cancelling is None or cancelling() > 0
 
 

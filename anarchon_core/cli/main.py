@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
 from .. import deadman
@@ -180,7 +180,7 @@ def _with_store(args: argparse.Namespace, what: str,
     async def go() -> T:
         try:
             return await asyncio.wait_for(call(reader), args.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AnarchonError(f"no answer from {backend.describe()} within {args.timeout:g} s "
                                 "(is the store up? --timeout sets the limit)") from None
         except AnarchonError:
@@ -228,7 +228,7 @@ def _moment(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an ISO 8601 date-time, got {text!r}"
                                          ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -273,7 +273,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - cannot tell: the "unknown" verdict
         print(f"unknown: {args.job}: cannot read the store: {_one_line(exc)}")
         return deadman.UNKNOWN
-    now = round(datetime.now(timezone.utc).timestamp() * 1000)
+    now = round(datetime.now(UTC).timestamp() * 1000)
     report = deadman.judge_silence(args.job, runs, max_silence=args.max_silence, now_ms=now,
                                    schedule=schedule)
     print(report)
@@ -283,7 +283,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_next(args: argparse.Namespace) -> int:
     """Print the next slots of a cron expression, one ISO 8601 time per line."""
     schedule = CronSchedule(args.expression, args.tz)
-    now = round(datetime.now(timezone.utc).timestamp() * 1000)
+    now = round(datetime.now(UTC).timestamp() * 1000)
     for slot in schedule.upcoming(now, args.n):
         print(ms_to_datetime(slot).astimezone(schedule.zone).isoformat())
     return 0

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -36,7 +36,7 @@ def sync() -> None:
     run = current_run()
     if run is not None:
         run.check_lease()  # raises LeaseLost if another process took this run over
-    print(f"{os.getpid()}: sync at {datetime.now(timezone.utc):%H:%M:%S}")
+    print(f"{os.getpid()}: sync at {datetime.now(UTC):%H:%M:%S}")
 
 
 def main() -> None:

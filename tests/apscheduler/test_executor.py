@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,6 @@ from anarchon_apscheduler import (
 from anarchon_core import ConfigError, slot_from_datetime
 from tests.support.procs import read_history
 
-UTC = timezone.utc
 START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +202,7 @@ def test_job_added_at_run_time_runs_once_although_its_adder_is_down(
                                       "jobstore_table": f"{namespace}_jobs",
                                       "sync_interval": 0.5})
         fleet.wait_ready(60)
-        run_date = datetime.now(timezone.utc) + timedelta(seconds=5)
+        run_date = datetime.now(UTC) + timedelta(seconds=5)
         fleet.command("s0", op="add", job={"id": "once", "trigger": "date",
                                            "args": {"run_date": run_date.isoformat()}})
         fleet.command("s0", op="add", job=cron("added", "*"))

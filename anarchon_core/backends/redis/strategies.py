@@ -126,7 +126,7 @@ class ScriptDict(_ScriptName, total=False):
 
 
 #: What ``ValkeyBackend(strategy=...)`` accepts: no ``idmp`` (Valkey has no IDMP).
-ValkeyStrategy = Union[  # noqa: UP007 - a runtime alias, kept readable for Python 3.10
+ValkeyStrategy = Union[  # noqa: UP007 - a runtime alias, one member per line
     Lease, StreamId, Script, LeaseDict, StreamIdDict, ScriptDict,
     Literal["lease", "stream-id", "script"],
 ]

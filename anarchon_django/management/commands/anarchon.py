@@ -126,7 +126,7 @@ class Command(BaseCommand):
         async def go() -> T:
             try:
                 return await asyncio.wait_for(work(reader), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise StoreUnavailable(f"no answer from {reader.backend.describe()} within "
                                        f"{timeout:g} s (--timeout sets the limit)") from None
             finally:
@@ -295,7 +295,7 @@ async def _work(scheduler: Scheduler, names: list[str]) -> None:
             log.warning("store unavailable (%s); retrying in %.0f s", exc, delay)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 delay = min(delay * 2, _START_RETRY_MAX_S)
     if stop.is_set() and not scheduler.running:
         return
