@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, tzinfo
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
@@ -319,17 +319,19 @@ class Scheduler:
         return self._register(name, schedule, handler, options)
 
     @overload
-    def cron(self, name: str, expression: str, handler: None = None, *, tz: str = "UTC",
-             **options: Any) -> Callable[[H], H]: ...
+    def cron(self, name: str, expression: str, handler: None = None, *,
+             tz: str | tzinfo = "UTC", **options: Any) -> Callable[[H], H]: ...
     @overload
-    def cron(self, name: str, expression: str, handler: H, *, tz: str = "UTC",
+    def cron(self, name: str, expression: str, handler: H, *, tz: str | tzinfo = "UTC",
              **options: Any) -> H: ...
 
     def cron(self, name: str, expression: str, handler: Handler | None = None, *,
-             tz: str = "UTC", **options: Any) -> Any:
+             tz: str | tzinfo = "UTC", **options: Any) -> Any:
         """Register a job on a cron expression (5 fields, or 6 with seconds first) in ``tz``.
 
-        Without ``handler`` it returns a decorator. Same options as :meth:`every`.
+        ``tz`` is an IANA name (``"Europe/Athens"``) or a zone object that has one
+        (``ZoneInfo("Europe/Athens")``, ``datetime.UTC``). Without ``handler`` it returns a
+        decorator. Same options as :meth:`every`.
         """
         schedule = CronSchedule(expression, tz)
         return self._register(name, schedule, handler, options)

@@ -19,7 +19,7 @@ import abc
 import functools
 import itertools
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -28,7 +28,7 @@ from croniter.croniter import CroniterError
 from .durations import Duration, format_ms, parse_duration_ms, shown
 from .errors import ConfigError
 
-__all__ = ["CronSchedule", "EverySchedule", "Schedule", "ms_to_datetime"]
+__all__ = ["CronSchedule", "EverySchedule", "Schedule", "ms_to_datetime", "zone_name"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Bounds the walk over wall-clock times around a DST change; a 6-field cron firing every
@@ -116,10 +116,27 @@ class EverySchedule(Schedule):
         return f"{text} offset {format_ms(self.offset_ms)}" if self.offset_ms else text
 
 
+def zone_name(tz: object) -> object:
+    """The IANA name of ``tz`` when it is a zone object that has one, else ``tz`` unchanged.
+
+    Takes a :class:`~zoneinfo.ZoneInfo` (as Django's and Celery's settings give), UTC
+    (``datetime.UTC``) and pytz zones. A fixed offset has no name, and no DST rule, so it
+    stays an object and is refused.
+    """
+    if isinstance(tz, ZoneInfo):
+        return tz.key if tz.key is not None else tz
+    if tz is UTC:
+        return "UTC"
+    name = getattr(tz, "zone", None)  # pytz
+    if isinstance(tz, tzinfo) and isinstance(name, str):
+        return name
+    return tz
+
+
 class CronSchedule(Schedule):
     """A 5-field (or 6-field, seconds first) cron expression in an IANA time zone."""
 
-    def __init__(self, expression: str, tz: str = "UTC") -> None:
+    def __init__(self, expression: str, tz: str | tzinfo = "UTC") -> None:
         if not isinstance(expression, str) or not expression.strip():
             raise ConfigError(
                 f"invalid cron expression {shown(expression)}: expected a string")
@@ -140,16 +157,17 @@ class CronSchedule(Schedule):
         except (CroniterError, ValueError, KeyError, TypeError, IndexError,
                 OverflowError) as exc:
             raise ConfigError(f"invalid cron expression {shown(expression)}: {exc}") from None
-        if not isinstance(tz, str) or not tz or len(tz) > MAX_ZONE_NAME or \
-                not tz.isprintable():
+        name = zone_name(tz)
+        if not isinstance(name, str) or not name or len(name) > MAX_ZONE_NAME or \
+                not name.isprintable():
             raise ConfigError(
                 f"invalid time zone {shown(tz)}: expected an IANA name like 'UTC' or "
-                "'Europe/Athens'")
+                "'Europe/Athens' (or a ZoneInfo of one: a fixed offset follows no DST rule)")
         try:
-            self.zone = ZoneInfo(tz)
+            self.zone = ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
             raise ConfigError(f"invalid time zone {shown(tz)}: {exc}") from None
-        self.tz = tz
+        self.tz = name
         # Checked from the epoch and from now: what registration accepts, jobs() and the
         # job loop can compute.
         now = int(datetime.now(UTC).timestamp() * 1000)

@@ -15,7 +15,9 @@ there, never a driver exception at ``start()``.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -475,5 +477,20 @@ def backend_from_url(url: str, **options: Any) -> Backend:
             f"pip install 'anarchon[{extra}]'"
         ) from None
     cls = getattr(module, class_name)
-    backend: Backend = cls.from_url(url, **options)
+    try:
+        backend: Backend = cls.from_url(url, **options)
+    except TypeError as exc:
+        unknown = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
+        if unknown is None:
+            raise
+        raise ConfigError(_unknown_option(cls, unknown.group(1), url)) from None
     return backend
+
+
+def _unknown_option(cls: type, name: str, url: str) -> str:
+    """The error for a keyword option ``cls`` does not take, with the closest valid one."""
+    known = [p.name for p in inspect.signature(cls).parameters.values()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(known)}"
+    return f"{cls.__name__} has no option {name!r} (for {mask_url(url)!r}); {hint}"

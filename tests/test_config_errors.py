@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -114,6 +115,22 @@ def test_invalid_cron_expression_names_the_value(scheduler: Scheduler, expressio
 def test_invalid_zone_names_the_value(scheduler: Scheduler, tz: Any) -> None:
     with raises(f"invalid time zone {tz!r}"):
         scheduler.cron("job", "0 8 * * *", handler, tz=tz)
+    assert scheduler.jobs() == []
+
+
+@pytest.mark.parametrize(("tz", "name"), [
+    (ZoneInfo("Europe/Athens"), "Europe/Athens"), (UTC, "UTC"), (timezone.utc, "UTC")])
+def test_a_zone_object_with_an_iana_name_is_taken_by_its_name(
+        scheduler: Scheduler, tz: tzinfo, name: str) -> None:
+    scheduler.cron("job", "0 8 * * *", handler, tz=tz)
+    assert scheduler.jobs()[0].schedule == f"cron 0 8 * * * {name}"
+
+
+@pytest.mark.parametrize("tz", [timezone(timedelta(hours=2)), timezone.min])
+def test_a_fixed_offset_zone_is_refused(scheduler: Scheduler, tz: tzinfo) -> None:
+    with raises("invalid time zone") as info:
+        scheduler.cron("job", "0 8 * * *", handler, tz=tz)
+    assert "fixed offset follows no DST rule" in str(info.value)
     assert scheduler.jobs() == []
 
 

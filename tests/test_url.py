@@ -326,3 +326,22 @@ async def test_store_errors_and_logs_never_show_a_credential(
     with contextlib.suppress(Exception):
         await backend.stop()
     _assert_hidden(f"{_chain(info.value)} {caplog.text}", NASTY, NASTY_Q, TOKEN)
+
+
+@pytest.mark.parametrize(("url", "options", "reason"), [
+    ("redis://:hunter2@127.0.0.1:6379/0", {"prefx": "a:"},
+     "RedisBackend has no option 'prefx' (for 'redis://:***@127.0.0.1:6379/0'); "
+     "did you mean 'prefix'?"),
+    ("sqlite:///runs.db", {"tabel": "runs"}, "did you mean 'table'?"),
+    ("postgresql://u:hunter2@127.0.0.1/test", {"retries": 3},
+     "PostgresBackend has no option 'retries' (for 'postgresql://u:***@127.0.0.1/test'); "
+     "options: table, timeout_ms, read_only, transaction_pooling"),
+    ("amqp://guest:hunter2@127.0.0.1:5672/", {"prefx": "a."}, "did you mean 'prefix'?"),
+    ("nats://127.0.0.1:4222", {"strem": "CRON2"}, "did you mean 'stream'?"),
+])
+def test_an_unknown_keyword_option_is_a_config_error_naming_it(
+        url: str, options: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        backend_from_url(url, **options)
+    assert reason in str(info.value)
+    assert "hunter2" not in str(info.value)
