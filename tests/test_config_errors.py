@@ -118,8 +118,15 @@ def test_invalid_zone_names_the_value(scheduler: Scheduler, tz: Any) -> None:
     assert scheduler.jobs() == []
 
 
+class _PytzLike(tzinfo):
+    """A zone as pytz makes them: a tzinfo whose ``zone`` attribute is its IANA name."""
+
+    zone = "America/New_York"
+
+
 @pytest.mark.parametrize(("tz", "name"), [
-    (ZoneInfo("Europe/Athens"), "Europe/Athens"), (UTC, "UTC"), (timezone.utc, "UTC")])
+    (ZoneInfo("Europe/Athens"), "Europe/Athens"), (UTC, "UTC"),
+    (_PytzLike(), "America/New_York")])
 def test_a_zone_object_with_an_iana_name_is_taken_by_its_name(
         scheduler: Scheduler, tz: tzinfo, name: str) -> None:
     scheduler.cron("job", "0 8 * * *", handler, tz=tz)
