@@ -225,14 +225,25 @@ def _shared_options(*values: Any) -> JobOptions:
     return JobOptions(*values)
 
 
+class _Default(int):
+    """A default value: equal to it, but told apart from the same value given explicitly."""
+
+    __slots__ = ()
+
+
+#: ``Scheduler(lease_ms=...)``'s default, 30 s. A claim-only backend refuses any lease
+#: given to it, 30 s included, so the default is this object and not the number.
+DEFAULT_LEASE_MS: int = _Default(30_000)
+
+
 def validate_lease_timings(lease_ms: object, heartbeat_ms: object) -> tuple[int, int]:
     """Check ``Scheduler(lease_ms=..., heartbeat_ms=...)``; return both, defaults filled in.
 
     ``lease_ms`` (``None``: 30 s) is 100 ms to 1 day; ``heartbeat_ms`` (``None``: a third
     of the lease) is at least 10 ms and smaller than the lease. A timedelta works too.
     """
-    lease = _ms("lease_ms", 30_000 if lease_ms is None else lease_ms, allow_zero=False,
-                minimum=MIN_LEASE_MS, maximum=MAX_LEASE_MS)
+    lease = _ms("lease_ms", int(DEFAULT_LEASE_MS) if lease_ms is None else lease_ms,
+                allow_zero=False, minimum=MIN_LEASE_MS, maximum=MAX_LEASE_MS)
     heartbeat = _ms("heartbeat_ms", lease // 3 if heartbeat_ms is None else heartbeat_ms,
                     allow_zero=False, minimum=MIN_HEARTBEAT_MS, maximum=MAX_LEASE_MS)
     if heartbeat >= lease:

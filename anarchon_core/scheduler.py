@@ -46,7 +46,7 @@ from .models import (
     RunRef,
 )
 from .naming import validate_instance_id, validate_job_name
-from .options import JobOptions, validate_history, validate_lease_timings
+from .options import DEFAULT_LEASE_MS, JobOptions, validate_history, validate_lease_timings
 from .schedules import CronSchedule, Schedule, every_schedule, ms_to_datetime
 from .slots import slot_from_datetime
 from .sync import SyncScheduler
@@ -169,12 +169,14 @@ class Scheduler:
 
     def __init__(
         self, backend: Backend | str | None = None, *, instance_id: str | None = None,
-        lease_ms: int | None = None, heartbeat_ms: int | None = None,
+        lease_ms: int | None = DEFAULT_LEASE_MS, heartbeat_ms: int | None = None,
         history_size: int = 1000, history_ttl_ms: int | None = None,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
         stop_grace_ms: int = DEFAULT_STOP_GRACE_MS,
     ) -> None:
         self.backend = _resolve_backend(backend)
+        if lease_ms is DEFAULT_LEASE_MS:
+            lease_ms = None  # not given: a claim-only backend takes it
         if not self.backend.supports_leases and (lease_ms is not None or heartbeat_ms is not None):
             given = ", ".join(n for n, v in (("lease_ms", lease_ms), ("heartbeat_ms", heartbeat_ms))
                               if v is not None)

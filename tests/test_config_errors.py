@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping
 from datetime import UTC, timedelta, timezone, tzinfo
@@ -289,10 +290,16 @@ def test_bad_backend_argument() -> None:
 # ------------------------------------------------------------------ claim-only backends
 
 
+def test_the_signature_shows_the_default_lease() -> None:
+    assert inspect.signature(Scheduler).parameters["lease_ms"].default == 30_000
+    assert Scheduler(ClaimOnly()).backend.supports_leases is False  # the default is no lease
+
+
 @pytest.mark.parametrize(
     ("kwargs", "given"),
     [({"lease_ms": 10_000}, "lease_ms"), ({"heartbeat_ms": 1_000}, "heartbeat_ms"),
-     ({"lease_ms": 10_000, "heartbeat_ms": 1_000}, "lease_ms, heartbeat_ms")],
+     ({"lease_ms": 10_000, "heartbeat_ms": 1_000}, "lease_ms, heartbeat_ms"),
+     ({"lease_ms": 30_000}, "lease_ms")],  # the default's value, given
 )
 def test_lease_settings_on_claim_only_backend(kwargs: dict[str, Any], given: str) -> None:
     with raises(f"{given} need a lease backend") as info:
