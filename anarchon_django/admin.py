@@ -106,12 +106,10 @@ class RunHistoryAdmin(_StoreAdmin):
             status = None
         runner = (get.get("runner") or "").strip() or None
         search = (get.get("q") or "").strip() or None
-        try:
-            limit = int(get.get("n", "50"))
-        except ValueError:
-            limit = 50
-        limit = min(max(limit, 1), max(views.PAGE_SIZES))
-        before = get.get("before") or None
+        limit = views.page_size(get.get("n"))
+        before, bad_cursor = views.page_cursor(get.get("before"))
+        if bad_cursor:
+            errors.append(bad_cursor)
         reader = _reader(errors)
         scheduler = _scheduler(errors)
         page = views.HistoryPage([], None)
@@ -199,15 +197,17 @@ class JobAdmin(_StoreAdmin):
         who = request.user.get_username()
         log.info("%s asked to run %r now", who, name)
         result = views.run_now(name, who=who)
+        # The admin capitalises a message's first letter: the job name, case-sensitive,
+        # never comes first.
         if result.error:
-            messages.error(request, f"{name}: the run could not start: {result.error}")
+            messages.error(request, f"Manual run of {name!r} could not start: {result.error}")
         elif result.run is None:
-            messages.info(request, f"{name}: running now in this process; it shows as "
-                          "running below until it ends.")
+            messages.info(request, f"Manual run of {name!r} is running now in this process; "
+                          "it shows as running below until it ends.")
         elif result.run.status == "success":
-            messages.success(request, f"{name}: manual run succeeded in "
+            messages.success(request, f"Manual run of {name!r} succeeded in "
                              f"{result.run.duration_ms} ms.")
         else:
-            messages.warning(request, f"{name}: manual run ended {result.run.status}: "
+            messages.warning(request, f"Manual run of {name!r} ended {result.run.status}: "
                              f"{result.run.error or 'no error text'}")
         return HttpResponseRedirect(target)

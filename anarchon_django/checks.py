@@ -8,6 +8,8 @@ id                      problem
 ``anarchon.E003``       ``BACKEND`` is neither a store URL nor a ``DATABASES`` alias
 ``anarchon.E004``       ``BACKEND`` names a database whose engine is not PostgreSQL/SQLite
 ``anarchon.E005``       ``BACKEND`` names an in-memory SQLite database
+``anarchon.W005``       the same, made so by the test runner (no ``TEST`` ``NAME`` file):
+                        a warning, so that the tests that do not use anarchon still run
 ``anarchon.E006``       the backend cannot be built (bad URL, TABLE, PREFIX, options)
 ``anarchon.E007``       ``PREFIX`` given for a SQL backend, or ``TABLE`` for another
 ``anarchon.E008``       a bad scheduler setting (lease timings, history, instance id...)
@@ -24,6 +26,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error, register
+from django.core.checks import Warning as CheckWarning
 
 from anarchon_core import ConfigError, Scheduler
 
@@ -37,9 +40,10 @@ TAG = "anarchon"
 @register(TAG)
 def check_settings(app_configs: Sequence[AppConfig] | None = None,
                    **kwargs: Any) -> list[CheckMessage]:
-    """Report every problem of ``settings.ANARCHON`` (E001–E009, E011)."""
+    """Report every problem of ``settings.ANARCHON`` (E001–E009, E011, W005)."""
     _, problems = conf.parse()
-    return [Error(p.msg, hint=p.hint, id=p.id, obj="settings.ANARCHON") for p in problems]
+    return [(CheckWarning if p.warning else Error)(
+        p.msg, hint=p.hint, id=p.id, obj="settings.ANARCHON") for p in problems]
 
 
 @register(TAG)

@@ -65,11 +65,16 @@ DEFAULT_TABLE = "anarchon_runs"
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the settings: a check id (``anarchon.E003``), text and hint."""
+    """One thing wrong with the settings: a check id (``anarchon.E003``), text and hint.
+
+    ``warning`` problems (``anarchon.W...``) are reported as warnings: they stop nothing
+    but the use of the scheduler.
+    """
 
     id: str
     msg: str
     hint: str | None = None
+    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,14 @@ def _is_url(value: str) -> bool:
 
 def _scheme(url: str) -> str:
     return url.partition("://")[0].lower()
+
+
+def _test_runner_memory_db(name: object) -> bool:
+    """Whether ``name`` is the test runner's in-memory stand-in for a SQLite database.
+
+    Django's test runner names it ``file:memorydb_<alias>...`` when ``TEST`` has no ``NAME``.
+    """
+    return str(name or "").startswith("file:memorydb_")
 
 
 def _in_memory_sqlite(name: object) -> bool:
@@ -180,6 +193,21 @@ def build_backend(parsed: Settings, *, read_only: bool = False) -> Backend:
     return backend_from_url(parsed.backend, **options)
 
 
+#: The E008 hint for each integer setting: what the number counts.
+_INT_HINTS = {
+    "LEASE_MS": "A duration in whole milliseconds, e.g. 30000 for 30 s.",
+    "HEARTBEAT_MS": "A duration in whole milliseconds, smaller than LEASE_MS; None is a "
+                    "third of the lease.",
+    "HISTORY_TTL_MS": "A duration in whole milliseconds, e.g. 604800000 for 7 days; None "
+                      "keeps runs until HISTORY_SIZE drops them.",
+    "STOP_GRACE_MS": "A duration in whole milliseconds, e.g. 5000 for 5 s.",
+    "ADMIN_RUN_NOW_WAIT_MS": "A duration in whole milliseconds, e.g. 5000 for 5 s; 0 answers "
+                             "at once.",
+    "HISTORY_SIZE": "The number of runs kept per job, e.g. 1000.",
+    "HANDLER_THREADS": "The number of threads running plain `def` handlers, e.g. 32.",
+}
+
+
 def _int(raw: Mapping[str, Any], key: str, problems: list[Problem], *, minimum: int,
          optional: bool) -> int | None:
     value = raw.get(key, DEFAULTS[key])
@@ -188,7 +216,7 @@ def _int(raw: Mapping[str, Any], key: str, problems: list[Problem], *, minimum: 
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         want = f"an int ≥ {minimum}" + (" or None" if optional else "")
         problems.append(Problem("anarchon.E008", f"ANARCHON[{key!r}] is {value!r}: expected "
-                                f"{want}.", "Durations are whole milliseconds."))
+                                f"{want}.", _INT_HINTS[key]))
         return None
     return value
 
@@ -240,6 +268,15 @@ def parse(raw: object | None = None) -> tuple[Settings | None, list[Problem]]:
                     "anarchon.E004", f"ANARCHON['BACKEND'] names the database {backend!r}, "
                     f"whose engine ({vendor}) anarchon cannot use.",
                     "Use a PostgreSQL or SQLite alias, or a store URL (Redis, PostgreSQL...)."))
+            elif vendor == "sqlite" and _test_runner_memory_db(params.get("NAME")):
+                # Only the tests that use the scheduler need it: the others must still run.
+                problems.append(Problem(
+                    "anarchon.W005", f"ANARCHON['BACKEND'] names the database {backend!r}, "
+                    "which the test runner made an in-memory SQLite database: the scheduler "
+                    "cannot be used in these tests.",
+                    f"Give DATABASES[{backend!r}] a TEST NAME that is a file, e.g. "
+                    "{'NAME': 'test_db.sqlite3'}, or use another BACKEND in tests.",
+                    warning=True))
             elif vendor == "sqlite" and _in_memory_sqlite(params.get("NAME")):
                 problems.append(Problem(
                     "anarchon.E005", f"ANARCHON['BACKEND'] names the database {backend!r}, an "
@@ -302,7 +339,8 @@ def parse(raw: object | None = None) -> tuple[Settings | None, list[Problem]]:
                                 f"{read_only!r}: expected True or False."))
         read_only = True
 
-    if not backend or any(p.id in ("anarchon.E003", "anarchon.E004", "anarchon.E005")
+    if not backend or any(p.id in ("anarchon.E003", "anarchon.E004", "anarchon.E005",
+                                   "anarchon.W005")
                           for p in problems):
         return None, problems
     parsed = Settings(

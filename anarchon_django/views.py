@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from anarchon_core import (
     AnarchonError,
+    ConfigError,
     Run,
     RunPage,
     Scheduler,
@@ -35,8 +36,8 @@ from anarchon_core.readmodel import decode_cursor, encode_cursor
 from . import conf, registry, runtime
 
 __all__ = [
-    "STATUSES", "HistoryPage", "JobRow", "RunNowResult", "TimelineCell", "history_page",
-    "job_rows", "run_now",
+    "STATUSES", "HistoryPage", "JobRow", "RunNowResult", "TimelineCell",
+    "history_page", "job_rows", "page_cursor", "page_size", "run_now",
 ]
 
 STATUSES = RUN_STATUSES
@@ -72,6 +73,31 @@ def store_error(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------- history
+
+
+def page_size(text: str | None, default: int = 50) -> int:
+    """The ``n`` of a history page, clamped to :data:`PAGE_SIZES`' range (20 to 200)."""
+    try:
+        size = int(text) if text else default
+    except ValueError:
+        size = default
+    return min(max(size, min(PAGE_SIZES)), max(PAGE_SIZES))
+
+
+def page_cursor(text: str | None) -> tuple[str | None, str | None]:
+    """The ``before`` cursor of a history page, or None and why it was not one.
+
+    A cursor edited by hand or cut short is dropped (the page starts from the newest run)
+    rather than answered with an empty page.
+    """
+    if not text:
+        return None, None
+    try:
+        decode_cursor(text)
+    except ConfigError:
+        return None, (f"The page link's position ({text[:40]!r}) is not one this page made; "
+                      "showing the newest runs instead.")
+    return text, None
 
 
 @dataclass

@@ -126,29 +126,48 @@ def test_history_filters_and_search(store: Store, admin_client_: Client) -> None
 
 
 def test_history_pages_through_the_cursor(store: Store, admin_client_: Client) -> None:
-    made = run_jobs(*["testapp.note"] * 5)
+    made = run_jobs(*["testapp.note"] * 21)
     seen: list[str] = []
-    url: str | None = f"{HISTORY}?n=2"
-    pages = 0
-    while url is not None and pages < 10:
+    sizes: list[int] = []
+    url: str | None = f"{HISTORY}?n=20"
+    while url is not None and len(sizes) < 10:
         html = admin_client_.get(url).content.decode()
         seen += [r["html"] for r in rows(html)]
+        sizes.append(len(rows(html)))
         match = re.search(r'<a href="([^"]+)" id="anarchon-older">', html)
         url = HISTORY + unescape(match.group(1)) if match else None
-        pages += 1
-    assert pages == 3
+    assert sizes == [20, 1]
     assert len(seen) == len(made) == len(set(seen))
     # A search pages the same way.
-    html = admin_client_.get(f"{HISTORY}?n=2&q=testapp.note").content.decode()
-    assert len(rows(html)) == 2
+    html = admin_client_.get(f"{HISTORY}?n=20&q=testapp.note").content.decode()
+    assert len(rows(html)) == 20
     assert 'id="anarchon-older"' in html
 
 
-def test_bad_cursor_is_an_error_message_not_a_crash(store: Store,
-                                                    admin_client_: Client) -> None:
-    response = admin_client_.get(f"{HISTORY}?before=garbage")
-    assert response.status_code == 200
-    assert "invalid history cursor" in response.content.decode()
+@pytest.mark.parametrize(("n", "size"), [("1", 20), ("2", 20), ("0", 20), ("-5", 20),
+                                         ("100", 100), ("100000", 200), ("abc", 50)])
+def test_page_size_is_kept_within_20_to_200(n: str, size: int) -> None:
+    assert views.page_size(n) == size
+
+
+def test_a_page_smaller_than_20_is_not_served(db_store: Store, admin_client_: Client) -> None:
+    run_jobs(*["testapp.note"] * 21)
+    html = admin_client_.get(f"{HISTORY}?n=1").content.decode()
+    assert len(rows(html)) == 20
+    assert '<option value="20" selected>' in html
+    assert 'id="anarchon-older"' in html
+
+
+def test_a_bad_cursor_shows_the_newest_runs_and_says_so(store: Store,
+                                                         admin_client_: Client) -> None:
+    run_jobs("testapp.note")
+    for cursor in ("garbage", "r1.bm90LWpzb24"):
+        response = admin_client_.get(f"{HISTORY}?before={cursor}")
+        assert response.status_code == 200
+        html = unescape(response.content.decode())
+        assert f"The page link's position ({cursor!r}) is not one this page made; " \
+            "showing the newest runs instead." in html
+        assert [r["job"] for r in rows(html)] == ["testapp.note"]
 
 
 def test_jobs_page(store: Store, admin_client_: Client) -> None:
@@ -274,7 +293,7 @@ def test_run_now_with_permission_and_csrf(store: Store) -> None:
     assert response.status_code == 302
     assert response["Location"] == f"{HISTORY}?job=testapp.note"
     html = client.get(response["Location"]).content.decode()
-    assert "manual run succeeded in" in html  # (the admin capitalises messages)
+    assert "Manual run of &#x27;testapp.note&#x27; succeeded in" in html
     [run] = anarchon_django.get_reader().sync.history("testapp.note")
     assert run.manual
     assert run.status == "success"
@@ -302,7 +321,8 @@ def test_run_now_of_an_unknown_job_or_a_failing_one(store: Store,
     assert "No job named &#x27;nope&#x27; is declared" in response.content.decode()
     response = admin_client_.post(RUN, {"job": "testapp.fail"}, follow=True)
     html = response.content.decode()
-    assert ".fail: manual run ended failed: RuntimeError: the report server said no" in html
+    assert ("Manual run of &#x27;testapp.fail&#x27; ended failed: RuntimeError: the report "
+            "server said no") in html
     response = admin_client_.post(RUN, {"job": "testapp.note",
                                         "next": "https://evil.example/"})
     assert response["Location"] == HISTORY  # an outside URL is never followed
@@ -319,7 +339,8 @@ def test_a_long_run_now_continues_in_the_background(db_store: Store, settings: A
     anarchon_django.every(name, "1h", slow)
     try:
         response = admin_client_.post(RUN, {"job": name}, follow=True)
-        assert "running now in this process" in response.content.decode()
+        assert (f"Manual run of &#x27;{name}&#x27; is running now in this process"
+                in response.content.decode())
         html = admin_client_.get(f"{HISTORY}?job={name}").content.decode()
         assert [r["status"] for r in rows(html)] == ["running"]
         deadline = time.monotonic() + 15
@@ -339,3 +360,13 @@ def _no_leftover_jobs() -> Iterator[None]:
     yield
     for name in {d.name for d in registry.declarations()} - before:
         registry.forget(name)
+
+
+def test_run_now_messages_keep_the_job_name_as_declared(db_store: Store,
+                                                         admin_client_: Client) -> None:
+    name = f"tick-{uuid.uuid4().hex[:6]}"
+    anarchon_django.every(name, "1h", lambda ctx: None)
+    response = admin_client_.post(RUN, {"job": name}, follow=True)
+    html = unescape(response.content.decode())
+    assert f"Manual run of '{name}' succeeded in" in html
+    assert f"{name.capitalize()}:" not in html

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,9 +15,12 @@ from django.core.management.base import CommandError
 from django.db import connections
 
 import anarchon_django
+from anarchon_django import registry
 from tests.django.conftest import Store
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django"
+REPO = EXAMPLE.parents[1]
 
 
 def anarchon(capsys: pytest.CaptureFixture[str], *args: str, **options: Any) -> str:
@@ -119,6 +127,68 @@ def test_check_reports_an_unreachable_store(settings: Any, anarchon_reset: None)
 def test_check_reports_bad_settings(settings: Any, anarchon_reset: None,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     settings.ANARCHON = {"BACKEND": "memory"}
-    with pytest.raises(CommandError, match="settings: 1 error"):
+    with pytest.raises(CommandError, match="settings: 1 error") as error:
         call_command("anarchon", "check")
+    assert error.value.returncode == 2
     assert "anarchon.E005" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ configuration errors
+
+
+@pytest.mark.parametrize("args", [(), ("jobs",), ("history",), ("run", "testapp.note"),
+                                  ("check",)])
+def test_bad_settings_are_a_one_line_usage_error(settings: Any, anarchon_reset: None,
+                                                 args: tuple[str, ...]) -> None:
+    settings.ANARCHON = {"BACKEND": "nope"}
+    with pytest.raises(CommandError) as error:
+        call_command("anarchon", *args)
+    assert error.value.returncode == 2
+    if args != ("check",):  # check lists every problem on stderr, then counts them
+        assert "ANARCHON['BACKEND'] is 'nope'" in str(error.value)
+        assert "anarchon.E003" in str(error.value)
+        assert "\n" not in str(error.value)
+
+
+def test_a_secret_in_bad_settings_is_masked(settings: Any, anarchon_reset: None) -> None:
+    settings.ANARCHON = {"BACKEND": "redis://user:hunter2@127.0.0.1:6379/0?strategy=nope"}
+    with pytest.raises(CommandError) as error:
+        call_command("anarchon", "jobs")
+    assert error.value.returncode == 2
+    assert "anarchon.E006" in str(error.value)
+    assert "hunter2" not in str(error.value)
+
+
+@pytest.mark.parametrize("args", [(), ("jobs",), ("run", "testapp.note")])
+def test_a_job_the_settings_refuse_is_a_one_line_usage_error(
+        settings: Any, anarchon_reset: None, args: tuple[str, ...]) -> None:
+    def handler(ctx: object) -> None:
+        pass
+
+    settings.ANARCHON = {"BACKEND": "amqp://guest:secret@127.0.0.1:5672/",
+                         "PREFIX": f"t{uuid.uuid4().hex[:10]}."}
+    anarchon_django.every("testapp.needs-lease", "1m", handler, max_attempts=5)
+    try:
+        with pytest.raises(CommandError) as error:
+            call_command("anarchon", *args)
+    finally:
+        registry.forget("testapp.needs-lease")
+    assert error.value.returncode == 2
+    text = str(error.value)
+    assert "job 'testapp.needs-lease'" in text
+    assert "max_attempts" in text
+    assert "secret" not in text
+
+
+def test_manage_py_prints_bad_settings_without_a_traceback() -> None:
+    env = {**os.environ, "ANARCHON_BACKEND": "redis://u:hunter2@127.0.0.1:6379/0?strategy=x",
+           "DJANGO_SETTINGS_MODULE": "shop.settings", "PYTHONPATH": str(REPO)}
+    for args in ([], ["jobs"]):
+        done = subprocess.run([sys.executable, "manage.py", "anarchon", *args], cwd=EXAMPLE,
+                              env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("CommandError: configuration: ANARCHON['BACKEND']")
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "hunter2" not in done.stderr

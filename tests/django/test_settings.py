@@ -142,6 +142,23 @@ def test_checks_give_hints(settings: Any) -> None:
     assert "redis://" in message.hint
 
 
+@pytest.mark.parametrize(("key", "value", "hint"), [
+    ("LEASE_MS", -5, "whole milliseconds"),
+    ("STOP_GRACE_MS", "5s", "whole milliseconds"),
+    ("HISTORY_SIZE", 0, "number of runs kept per job"),
+    ("HANDLER_THREADS", 0, "number of threads"),
+])
+def test_a_bad_number_gets_the_hint_of_its_setting(settings: Any, key: str, value: object,
+                                                    hint: str) -> None:
+    settings.ANARCHON = {key: value}
+    [message] = checks.run_checks(tags=["anarchon"])
+    assert message.id == "anarchon.E008"
+    assert key in message.msg
+    assert hint in (message.hint or "")
+    if "milliseconds" not in hint:
+        assert "milliseconds" not in (message.hint or "")
+
+
 def test_secret_in_a_bad_url_never_shows(settings: Any) -> None:
     settings.ANARCHON = {"BACKEND": "redis://user:hunter2@127.0.0.1:6379/0?strategy=nope"}
     messages = checks.run_checks(tags=["anarchon"])

@@ -3,7 +3,8 @@
 Without a subcommand it runs the worker until SIGTERM or SIGINT, then stops gracefully
 (handlers are asked to stop, unfinished runs are handed over to the other instances).
 Exit status: 0 on success; 1 when a store or a job failed (``run`` exits 1 unless the run
-succeeded); 2 for a usage error.
+succeeded); 2 for a usage error, an unknown job, or a bad configuration (settings the
+system checks refuse, a job the settings refuse): one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from anarchon_core import (
     AnarchonError,
+    ConfigError,
     Run,
     RunPage,
     Scheduler,
     StoreError,
     StoreFormatError,
     StoreUnavailable,
+    UnsupportedStrategyError,
+    mask_url,
 )
 from anarchon_core.cli.main import MAX_COUNT, add_metrics_options, count_arg
 
@@ -41,6 +46,8 @@ log = logging.getLogger("anarchon.django")
 T = TypeVar("T")
 #: Longest wait between two attempts to start the worker while the store is down.
 _START_RETRY_MAX_S = 30.0
+#: Exit statuses: a store or a job failed; a usage error or a bad configuration.
+EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 def _seconds(text: str) -> float:
@@ -51,6 +58,12 @@ def _seconds(text: str) -> float:
     if not 0 < value <= 86_400:
         raise argparse.ArgumentTypeError(f"expected seconds from 0 to 86400, got {text!r}")
     return value
+
+
+def configuration_error(exc: BaseException) -> CommandError:
+    """A bad setting or a refused job as one line (secrets masked), exit status 2."""
+    text = mask_url(" ".join(str(exc).split()) or type(exc).__name__)
+    return CommandError(f"configuration: {text}", returncode=EXIT_USAGE)
 
 
 def _user() -> str:
@@ -113,7 +126,12 @@ class Command(BaseCommand):
             None: self.worker, "jobs": self.jobs, "history": self.history, "run": self.run,
             "check": self.check_store,
         }
-        handlers[command](options)
+        try:
+            handlers[command](options)
+        except (ImproperlyConfigured, ConfigError) as exc:
+            # The settings or a job declaration: what ``manage.py check`` reports, shown
+            # here as a usage error instead of a traceback.
+            raise configuration_error(exc) from exc
 
     # ------------------------------------------------------------------ helpers
 
@@ -170,7 +188,8 @@ class Command(BaseCommand):
         if note:
             self.stdout.write(note)
         if failure:
-            raise CommandError(f"could not read the last results: {failure}", returncode=1)
+            raise CommandError(f"could not read the last results: {failure}",
+                               returncode=EXIT_FAILED)
 
     def history(self, options: dict[str, Any]) -> None:
         """Runs newest first, optionally of one job, status or runner."""
@@ -181,7 +200,7 @@ class Command(BaseCommand):
         except (AnarchonError, OSError) as exc:
             if not not_set_up(exc):
                 raise CommandError(f"could not read history: {store_error(exc)}",
-                                   returncode=1) from exc
+                                   returncode=EXIT_FAILED) from exc
             runs = RunPage()
         if runs:
             self.stdout.write(format_runs(runs))
@@ -194,7 +213,8 @@ class Command(BaseCommand):
         scheduler = runtime.build_scheduler()
         if name not in {j.name for j in scheduler.jobs()}:
             known = ", ".join(sorted(d.name for d in registry.declarations())) or "none"
-            raise CommandError(f"unknown job {name!r}; declared: {known}", returncode=2)
+            raise CommandError(f"unknown job {name!r}; declared: {known}",
+                               returncode=EXIT_USAGE)
 
         async def go() -> Run:
             try:
@@ -207,11 +227,11 @@ class Command(BaseCommand):
                 run = asyncio.run(go())
         except (AnarchonError, OSError) as exc:
             raise CommandError(f"{name}: could not run: {store_error(exc)}",
-                               returncode=1) from exc
+                               returncode=EXIT_FAILED) from exc
         self.stdout.write(format_runs([run]))
         if run.status != "success":
             raise CommandError(f"{name}: {run.status}: {run.error or 'no error text'}",
-                               returncode=1)
+                               returncode=EXIT_FAILED)
 
     def check_store(self, options: dict[str, Any]) -> None:
         """Settings (the system checks), then the store: reachable, format, clock."""
@@ -220,7 +240,7 @@ class Command(BaseCommand):
         for message in found:
             (self.stderr if message.is_serious() else self.stdout).write(str(message))
         if errors:
-            raise CommandError(f"settings: {len(errors)} error(s)", returncode=1)
+            raise CommandError(f"settings: {len(errors)} error(s)", returncode=EXIT_USAGE)
         parsed = conf.load()
         self.stdout.write(f"settings: ok ({len(registry.declarations())} job(s) declared)")
 
@@ -233,18 +253,21 @@ class Command(BaseCommand):
         try:
             skew = self._read(options, probe)
         except StoreFormatError as exc:
-            raise CommandError(f"store format: {store_error(exc)}", returncode=1) from exc
+            raise CommandError(f"store format: {store_error(exc)}",
+                               returncode=EXIT_FAILED) from exc
         except StoreUnavailable as exc:
-            raise CommandError(f"store unreachable: {store_error(exc)}", returncode=1) from exc
+            raise CommandError(f"store unreachable: {store_error(exc)}",
+                               returncode=EXIT_FAILED) from exc
         except StoreError as exc:
             if parsed.database is not None:
                 raise CommandError(f"store: {store_error(exc)} (run manage.py migrate)",
-                                   returncode=1) from exc
+                                   returncode=EXIT_FAILED) from exc
             self.stdout.write(f"store: reachable, not set up yet; the worker sets it up on "
                               f"start ({store_error(exc)})")
             return
         except (AnarchonError, OSError) as exc:
-            raise CommandError(f"store: {store_error(exc)}", returncode=1) from exc
+            raise CommandError(f"store: {store_error(exc)}",
+                               returncode=EXIT_FAILED) from exc
         backend = conf.build_backend(parsed).describe()
         self.stdout.write(f"store: ok, {backend}")
         self.stdout.write("format: ok")
@@ -264,7 +287,13 @@ class Command(BaseCommand):
         if not names:
             log.warning("no jobs declared: add @anarchon_django.every/cron in an app's "
                         "jobs.py")
-        asyncio.run(_work(scheduler, names))
+        try:
+            asyncio.run(_work(scheduler, names))
+        except UnsupportedStrategyError as exc:
+            raise configuration_error(exc) from exc
+        except AnarchonError as exc:  # e.g. a store written by a newer anarchon
+            raise CommandError(f"the worker could not start: {store_error(exc)}",
+                               returncode=EXIT_FAILED) from exc
 
 
 async def _work(scheduler: Scheduler, names: list[str]) -> None:
