@@ -36,7 +36,7 @@ from anarchon_core import (
 from anarchon_core import Scheduler as CoreScheduler
 
 from . import tracking
-from .entries import JobSpec, job_spec, publish_options
+from .entries import ENTRY_OPTIONS_KEY, JobSpec, job_spec, publish_options
 from .settings import Settings
 
 __all__ = [
@@ -304,9 +304,21 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                     assert spec.expression is not None
                     core.cron(name, spec.expression, handler, tz=spec.tz, **spec.options)
             except ConfigError as exc:
-                raise ConfigError(f"beat_schedule entry {name!r}: {exc}") from None
+                raise ConfigError(f"beat_schedule entry {name!r}: {exc}"
+                                  f"{self._from_app(name, spec, exc)}") from None
             self._specs[name] = spec
         self._registered = copy.copy(self.schedule)
+
+    def _from_app(self, name: str, spec: JobSpec, exc: ConfigError) -> str:
+        """Which ``anarchon_*`` setting gave the option ``exc`` refuses, if the entry did not."""
+        own = (self._entries[name].options or {}).get(ENTRY_OPTIONS_KEY) or {}
+        inherited = [k for k, v in self.settings.job_defaults.items()
+                     if v is not None and own.get(k) is None and k in spec.options]
+        named = [k for k in inherited if k in str(exc)]
+        if not named:
+            return ""
+        return " (set by " + ", ".join(f"anarchon_{k}={spec.options[k]!r}" for k in named) + \
+            f"; override it in the entry's options[{ENTRY_OPTIONS_KEY!r}])"
 
     # ------------------------------------------------------------------ beat's loop
 

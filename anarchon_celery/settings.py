@@ -24,19 +24,39 @@ setting                      meaning (default)
 ``anarchon_metrics_port``    serve the beat's Prometheus metrics on this port (None: off)
 ``anarchon_metrics_addr``    address for the metrics port (``0.0.0.0``)
 ===========================  ====================================================================
+
+Any other ``anarchon_*`` key in the app's configuration is refused (a misspelled setting
+would otherwise be ignored silently), in every form Celery reads: ``anarchon_backend``,
+and with a namespace (``config_from_object(..., namespace="CELERY")``)
+``CELERY_ANARCHON_BACKEND``.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from anarchon_core import Backend, ConfigError, Scheduler, backend_from_url, mask_url
+from anarchon_core.options import LEASE_ONLY_OPTIONS, JobOptions
 
-__all__ = ["DEFAULT_LEASE_MS", "Settings"]
+from .entries import JOB_OPTIONS
+
+__all__ = ["DEFAULT_LEASE_MS", "SETTINGS", "Settings", "check_names"]
+
+#: Every ``anarchon_*`` setting (see the module docstring).
+SETTINGS = (
+    "anarchon_backend", "anarchon_prefix", "anarchon_lease_ms", "anarchon_heartbeat_ms",
+    "anarchon_history_size", "anarchon_history_ttl_ms",
+    *(f"anarchon_{name}" for name in JOB_OPTIONS),
+    "anarchon_instance_id", "anarchon_track_tasks", "anarchon_track_timeout_ms",
+    "anarchon_publish_threads", "anarchon_metrics_port", "anarchon_metrics_addr",
+)
+_OURS = "anarchon_"
 
 DEFAULT_LEASE_MS = 10_000
 DEFAULT_TRACK_TIMEOUT_MS = 3_600_000
@@ -71,6 +91,68 @@ def _text(name: str, value: Any) -> str:
     return value
 
 
+def _spelled(name: str, prefix: str) -> str:
+    """``name`` as Celery looks it up under ``prefix``: ``CELERY_ANARCHON_BACKEND``."""
+    key = prefix + name
+    return key.upper() if prefix.isupper() else key.lower()
+
+
+def check_names(app: Any) -> None:
+    """Refuse an ``anarchon_*`` key of ``app.conf`` that no setting has, or that Celery skips.
+
+    The error names the key and the closest valid setting (in the key's own form).
+    Celery reads ``anarchon_backend`` as is and, when the app is configured with a
+    namespace, also as ``<NAMESPACE>_ANARCHON_BACKEND`` (in the namespace's case).
+    """
+    namespace = getattr(app, "namespace", None)
+    prefix = f"{namespace.rstrip('_')}_" if namespace else ""
+    for key in app.conf:
+        if not isinstance(key, str):
+            continue
+        rest = key[len(prefix):] if prefix and key.upper().startswith(prefix.upper()) \
+            else key
+        name = rest.lower()
+        if not name.startswith(_OURS):
+            continue
+        read_as = {name, _spelled(name, prefix)} if prefix else {name}
+        if name in SETTINGS and key in read_as:
+            continue
+        # Under a namespace an upper-case key (a Django setting) is read only prefixed.
+        prefixed = bool(prefix) and (rest != key or key.isupper())
+        if name in SETTINGS:
+            spelled = _spelled(name, prefix) if prefixed else name
+            raise ConfigError(f"setting {key!r} is never read by Celery in this form: "
+                              f"spell it {spelled!r}")
+        # Compared without the prefix every setting shares, or every name would be close.
+        close = difflib.get_close_matches(name[len(_OURS):],
+                                          [s[len(_OURS):] for s in SETTINGS], n=1)
+        if close:
+            best = _OURS + close[0]
+            hint = f"did you mean {_spelled(best, prefix) if prefixed else best!r}?"
+        else:
+            hint = f"valid: {', '.join(SETTINGS)}"
+        raise ConfigError(f"unknown anarchon setting {key!r}: {hint}")
+
+
+def _job_defaults(app: Any) -> dict[str, Any]:
+    """The app-level job options; ConfigError names the ``anarchon_*`` setting at fault."""
+    defaults = {name: app.conf.get(f"{_OURS}{name}") for name in JOB_OPTIONS}
+    now_ms = int(time.time() * 1000)
+    for name, value in defaults.items():
+        if value is not None:
+            try:
+                JobOptions.build(None, {name: value}, leases=True, now_ms=now_ms)
+            except ConfigError as exc:
+                raise ConfigError(f"{_OURS}{name}: {exc}") from None
+    given = {k: v for k, v in defaults.items() if v is not None}
+    try:
+        JobOptions.build(None, given, leases=True, now_ms=now_ms)
+    except ConfigError as exc:
+        shown = ", ".join(f"{_OURS}{k}" for k in given)
+        raise ConfigError(f"{shown}: {exc}") from None
+    return defaults
+
+
 def _scheme(url: str) -> str:
     return urlsplit(url).scheme.lower()
 
@@ -101,6 +183,7 @@ class Settings:
     @classmethod
     def from_app(cls, app: Any) -> Settings:
         """Read and check the settings; ConfigError names the setting at fault."""
+        check_names(app)
         url = app.conf.get("anarchon_backend")
         if url is None:
             broker = _broker_url(app)
@@ -133,8 +216,7 @@ class Settings:
         if instance is not None and (not isinstance(instance, str) or not instance.strip()):
             raise ConfigError(f"invalid anarchon_instance_id {instance!r}: expected a "
                               "non-empty string")
-        defaults = {name: app.conf.get(f"anarchon_{name}")
-                    for name in ("jitter_ms", "max_late_ms", "catch_up_ms", "max_attempts")}
+        defaults = _job_defaults(app)
         track = app.conf.get("anarchon_track_tasks", False)
         if not isinstance(track, bool):
             raise ConfigError(f"invalid anarchon_track_tasks {track!r}: expected True or False")
@@ -176,6 +258,12 @@ class Settings:
                 f"anarchon_track_tasks needs a lease store (Redis/Valkey, PostgreSQL, "
                 f"SQLite); {backend.describe()} only claims")
         leases = backend.supports_leases
+        lease_only = [f"{_OURS}{name}" for name in LEASE_ONLY_OPTIONS
+                      if self.job_defaults.get(name) is not None]
+        if lease_only and not leases and role == "beat":  # a reader sends nothing
+            raise ConfigError(
+                f"{', '.join(lease_only)} need(s) a lease store (Redis/Valkey, PostgreSQL, "
+                f"SQLite); {backend.describe()} only claims")
         instance = self.instance_id if role == "beat" and self.instance_id else \
             f"{role}@{socket.gethostname()}:{os.getpid()}"
         return Scheduler(

@@ -337,3 +337,103 @@ def test_beat_loop_never_waits_on_an_unreachable_store(
         assert time.monotonic() - closing < 20
         if server is not None:
             server.stop()
+
+
+# ------------------------------------------------------------------ misspelled settings
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"anarchon_leas_ms": 5_000},
+     "unknown anarchon setting 'anarchon_leas_ms': did you mean 'anarchon_lease_ms'?"),
+    ({"anarchon_backed": "sqlite:///x.db"},
+     "unknown anarchon setting 'anarchon_backed': did you mean 'anarchon_backend'?"),
+    ({"anarchon_nothing_like_it": 1}, "unknown anarchon setting 'anarchon_nothing_like_it': "
+     "valid: anarchon_backend, anarchon_prefix"),
+    ({"ANARCHON_LEASE_MS": 5_000}, "setting 'ANARCHON_LEASE_MS' is never read by Celery in "
+     "this form: spell it 'anarchon_lease_ms'"),
+])
+def test_a_misspelled_setting_is_refused_naming_the_closest(conf: dict[str, Any],
+                                                            message: str) -> None:
+    app = make_app("redis://127.0.0.1:1/0", {"e": {"task": "x", "schedule": 10.0}}, **conf)
+    with pytest.raises(ConfigError) as error:
+        anarchon_celery.Settings.from_app(app)
+    assert str(error.value).startswith(message)
+    with pytest.raises(ConfigError, match=next(iter(conf))):
+        anarchon_celery.Scheduler(app)  # beat refuses to start
+
+
+def namespaced_app(namespace: str, **settings: Any) -> Celery:
+    """An app configured as Django projects do: ``config_from_object(settings, namespace)``."""
+    app = Celery("t", set_as_current=False)
+    app.config_from_object(types.SimpleNamespace(ANARCHON={"BACKEND": "default"}, **settings),
+                           namespace=namespace)
+    return app
+
+
+def test_settings_work_in_every_form_celery_reads() -> None:
+    app = namespaced_app("CELERY", CELERY_BROKER_URL="memory://",
+                         CELERY_ANARCHON_BACKEND="redis://127.0.0.1:6379/5",
+                         CELERY_ANARCHON_LEASE_MS=4_000, anarchon_prefix="p:",
+                         DEBUG=True)
+    settings = anarchon_celery.Settings.from_app(app)
+    assert (settings.backend_url, settings.lease_ms, settings.prefix) == (
+        "redis://127.0.0.1:6379/5", 4_000, "p:")
+    lower = namespaced_app("celery", celery_anarchon_backend="redis://127.0.0.1:6379/6",
+                           celery_anarchon_jitter_ms=5)
+    settings = anarchon_celery.Settings.from_app(lower)
+    assert (settings.backend_url, settings.job_defaults["jitter_ms"]) == (
+        "redis://127.0.0.1:6379/6", 5)
+    plain = make_app("memory://", {}, anarchon_backend="redis://127.0.0.1:6379/7",
+                     anarchon_history_size=10)
+    assert anarchon_celery.Settings.from_app(plain).history_size == 10
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"CELERY_ANARCHON_LEAS_MS": 5_000}, "unknown anarchon setting "
+     "'CELERY_ANARCHON_LEAS_MS': did you mean 'CELERY_ANARCHON_LEASE_MS'?"),
+    ({"ANARCHON_BACKEND": "redis://h"}, "setting 'ANARCHON_BACKEND' is never read by Celery "
+     "in this form: spell it 'CELERY_ANARCHON_BACKEND'"),
+])
+def test_a_misspelled_namespaced_setting_is_refused(settings: dict[str, Any],
+                                                    message: str) -> None:
+    app = namespaced_app("CELERY", CELERY_BROKER_URL="redis://127.0.0.1:1/0", **settings)
+    with pytest.raises(ConfigError) as error:
+        anarchon_celery.Settings.from_app(app)
+    assert str(error.value) == message
+
+
+# ------------------------------------------------------------------ app-level job options
+
+
+def test_a_bad_app_level_job_option_names_its_setting_not_an_entry() -> None:
+    entries = {"e5": {"task": "x", "schedule": 10.0}, "e6": {"task": "y", "schedule": 20.0}}
+    app = make_app("redis://127.0.0.1:1/0", entries, anarchon_jitter_ms=-1)
+    with pytest.raises(ConfigError) as error:
+        anarchon_celery.Scheduler(app)
+    assert str(error.value).startswith("anarchon_jitter_ms: invalid jitter_ms -1")
+    assert "e5" not in str(error.value)
+    app = make_app("redis://127.0.0.1:1/0", entries, anarchon_jitter_ms=2_000,
+                   anarchon_max_late_ms=1_000)
+    with pytest.raises(ConfigError, match=r"^anarchon_jitter_ms, anarchon_max_late_ms: "
+                       r"invalid max_late_ms 1000"):
+        anarchon_celery.Scheduler(app)
+    app = make_app("memory://", entries, anarchon_backend="amqp://guest:guest@127.0.0.1//",
+                   anarchon_catch_up_ms=60_000)
+    with pytest.raises(ConfigError) as error:
+        anarchon_celery.Scheduler(app)
+    assert str(error.value).startswith("anarchon_catch_up_ms need(s) a lease store")
+    assert "e5" not in str(error.value)
+
+
+def test_an_app_level_option_one_entry_refuses_names_both() -> None:
+    # 15 s of jitter is fine for the 20 s entry, not for the 10 s one.
+    entries = {"e6": {"task": "y", "schedule": 20.0}, "e5": {"task": "x", "schedule": 10.0},
+               "own": {"task": "z", "schedule": 10.0,
+                       "options": {"anarchon": {"jitter_ms": 100}}}}
+    app = make_app("redis://127.0.0.1:1/0", entries, anarchon_jitter_ms=15_000)
+    with pytest.raises(ConfigError) as error:
+        anarchon_celery.Scheduler(app)
+    text = str(error.value)
+    assert text.startswith("beat_schedule entry 'e5': invalid jitter_ms 15000")
+    assert text.endswith("(set by anarchon_jitter_ms=15000; override it in the entry's "
+                         "options['anarchon'])")
