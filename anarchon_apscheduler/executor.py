@@ -12,9 +12,12 @@ process that takes a run over is given its claim and hands it to its inner execu
 
 How APScheduler's options map (see docs/apscheduler.md):
 
-* ``misfire_grace_time`` → ``max_late_ms`` (plus the trigger's jitter); ``None`` (no
-  limit) → :data:`UNLIMITED_GRACE_MS`. A firing first claimed later than that is recorded
-  ``skipped`` and reported ``EVENT_JOB_MISSED`` by the one process that found it late.
+* ``misfire_grace_time`` → ``max_late_ms`` (plus the trigger's jitter, and how far an
+  interval's run times are off its grid); ``None`` (no limit) →
+  :data:`UNLIMITED_GRACE_MS`. A firing first claimed later than that is recorded
+  ``skipped`` and reported ``EVENT_JOB_MISSED`` by the one process that found it late. A
+  store that cannot keep a firing that long (RabbitMQ, Redis ``script``) makes the job a
+  ``ConfigError``, raised by ``start()`` for the jobs and defaults known then.
 * ``max_instances=1`` (the default) on a lease backend → ``overlap=False``: across all
   processes one run of the job at a time; a firing due while an earlier one still runs
   anywhere is recorded ``skipped`` and reported ``EVENT_JOB_MAX_INSTANCES`` by one
@@ -31,6 +34,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import pickle
 import threading
 import time
 from collections import deque
@@ -40,10 +44,13 @@ from datetime import datetime
 from typing import Any
 
 from apscheduler.events import (  # type: ignore[import-untyped]
+    EVENT_JOB_ADDED,
     EVENT_JOB_ERROR,
     EVENT_JOB_EXECUTED,
     EVENT_JOB_MAX_INSTANCES,
     EVENT_JOB_MISSED,
+    EVENT_JOB_MODIFIED,
+    EVENT_JOB_REMOVED,
     EVENT_JOB_SUBMITTED,
     JobExecutionEvent,
     JobSubmissionEvent,
@@ -73,7 +80,7 @@ from anarchon_core.naming import validate_job_name
 from anarchon_core.options import JobOptions
 
 from .context import RunContext, with_context
-from .triggers import check_trigger, lateness_allowance_ms, slot_for
+from .triggers import check_trigger, lag_ms, lateness_allowance_ms, slot_for
 
 __all__ = ["UNLIMITED_GRACE_MS", "AnarchonExecutor"]
 
@@ -208,6 +215,12 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         self._idle = threading.Condition()
         self._ids = itertools.count(1)
         self._warned: set[str] = set()
+        #: Job id → why it is refused, for jobs found wrong when they were added or modified
+        #: after start (APScheduler gives the executor no say then); raised at each firing.
+        self._refused: dict[str, str] = {}
+        #: Job id → its pickled trigger when last checked, to tell a new trigger apart.
+        self._checked_triggers: dict[str, bytes] = {}
+        self._alias = "default"
         #: The latest APScheduler job object and job store seen per job id (for takeovers).
         self._known: dict[str, tuple[Any, str]] = {}
         self._finisher: concurrent.futures.ThreadPoolExecutor | None = None
@@ -229,7 +242,14 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, scheduler: Any, alias: str) -> None:
-        """Start the inner executor and the anarchon scheduler (APScheduler calls it)."""
+        """Start the inner executor and the anarchon scheduler (APScheduler calls it).
+
+        First it checks the jobs added before ``start()`` that use this executor, and the
+        scheduler's ``job_defaults``: a job that cannot run alike on every process (see
+        :meth:`check_job`) raises :class:`ConfigError` from ``scheduler.start()``, before
+        anything is started, so the scheduler stays stopped.
+        """
+        self._check_before_start(scheduler, alias)
         super().start(scheduler, alias)
         self._closing = False
         self._finisher = concurrent.futures.ThreadPoolExecutor(
@@ -251,6 +271,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         self._dispatch = original
 
         def dispatch(event: Any) -> None:
+            if event.code in (EVENT_JOB_ADDED, EVENT_JOB_MODIFIED, EVENT_JOB_REMOVED):
+                self._recheck(scheduler, event)
             plan = self._take_plan(event)
             if plan is None:
                 original(event)
@@ -299,23 +321,118 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ job definitions
 
-    def _options(self, job: Any) -> dict[str, Any]:
-        grace = job.misfire_grace_time
+    def _options(self, grace: float | None, max_instances: int, trigger: Any,
+                 lag: int) -> dict[str, Any]:
         late = UNLIMITED_GRACE_MS if grace is None else round(float(grace) * 1000)
-        options: dict[str, Any] = {"max_late_ms": late + lateness_allowance_ms(job.trigger)}
+        allowance = 0 if trigger is None else lateness_allowance_ms(trigger)
+        options: dict[str, Any] = {"max_late_ms": late + allowance + lag}
         if self._leases:
-            options["overlap"] = job.max_instances > 1
+            options["overlap"] = max_instances > 1
         options.update(self._job_defaults)
         return options
 
-    def _define(self, job: Any) -> dict[str, Any]:
-        check_trigger(job.id, job.trigger)
+    def _checked_options(self, name: str, grace: float | None, max_instances: int,
+                         trigger: Any, lag: int, *, label: str | None = None
+                         ) -> dict[str, Any]:
+        """The job's anarchon options, or ConfigError in APScheduler's terms."""
+        options = self._options(grace, max_instances, trigger, lag)
+        built = JobOptions.build(None, dict(options), leases=self._leases, now_ms=0)
+        try:
+            self._anarchon.backend.check_job(name, built)
+        except ConfigError as exc:
+            if "max_late_ms" in self._job_defaults:
+                raise  # the user's own max_late_ms: the store's message says it all
+            if grace is None:
+                cause = (f"misfire_grace_time=None (however late) becomes max_late_ms="
+                         f"{UNLIMITED_GRACE_MS} (one hour), longer than this store keeps a "
+                         "firing")
+                way_out = ("give the job (or the scheduler's job_defaults) a "
+                           "misfire_grace_time in seconds, or set the limit for every job "
+                           "with AnarchonExecutor(..., max_late_ms=...)")
+            elif lag:
+                cause = (f"its run times come {lag} ms after the grid points of its interval "
+                         "(a next_run_time off the grid), so its claims come that late")
+                way_out = ("leave next_run_time unset, or set it on a grid point "
+                           "(start_date + k × interval)")
+            else:
+                cause = (f"misfire_grace_time={grace} s (plus the trigger's jitter) becomes "
+                         f"max_late_ms={options['max_late_ms']}")
+                way_out = ("give it a smaller misfire_grace_time, or set the limit for every "
+                           "job with AnarchonExecutor(..., max_late_ms=...)")
+            raise ConfigError(f"{label or f'job {name!r}'}: {cause} ({exc}). Way out: "
+                              f"{way_out}") from None
+        return options
+
+    def check_job(self, job: Any, *, new: bool = True) -> None:
+        """Raise :class:`ConfigError` if ``job`` cannot run alike on every process.
+
+        That is a trigger whose run times differ per process (see
+        :func:`~anarchon_apscheduler.check_trigger`; ``new``: the job is being added), a job
+        id that cannot name an anarchon job, or a ``misfire_grace_time`` the store cannot
+        honour (``None`` on RabbitMQ or Redis ``script``). Attributes the job does not have
+        yet (a job added before ``start()``) are taken from the scheduler's job_defaults.
+        :class:`~anarchon_apscheduler.AnarchonJobStore` calls it when a job is added.
+        """
+        defaults = getattr(getattr(self, "_scheduler", None), "_job_defaults", None) or {}
+        check_trigger(job.id, job.trigger, new=new)
         try:
             validate_job_name(job.id)
         except ConfigError as exc:
             raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") \
                 from None
-        options = self._options(job)
+        next_run = getattr(job, "next_run_time", None)
+        self._checked_options(
+            job.id, getattr(job, "misfire_grace_time", defaults.get("misfire_grace_time", 1)),
+            getattr(job, "max_instances", defaults.get("max_instances", 1)), job.trigger,
+            0 if next_run is None else lag_ms(job.trigger, next_run))
+
+    def _check_before_start(self, scheduler: Any, alias: str) -> None:
+        self._scheduler = scheduler
+        self._alias = alias
+        defaults = getattr(scheduler, "_job_defaults", None) or {}
+        if defaults.get("misfire_grace_time", 1) is None:
+            label = f"job_defaults of {type(scheduler).__name__}"
+            self._checked_options("job_defaults", None, 1, None, 0, label=label)
+        for job, _store, _replace in list(getattr(scheduler, "_pending_jobs", ())):
+            if getattr(job, "executor", "default") == alias:
+                self.check_job(job)
+
+    def _recheck(self, scheduler: Any, event: Any) -> None:
+        """Check a job added, modified or removed after start; a refusal is logged now."""
+        job_id = event.job_id
+        if event.code == EVENT_JOB_REMOVED:
+            self._refused.pop(job_id, None)
+            self._checked_triggers.pop(job_id, None)
+            return
+        try:
+            job = scheduler.get_job(job_id, event.jobstore)
+        except Exception:  # noqa: BLE001 - a store's error: the firing checks again
+            return
+        if job is None or job.executor != self._alias:
+            return
+        trigger = pickle.dumps(job.trigger, protocol=4)
+        new = self._checked_triggers.get(job_id) != trigger
+        self._checked_triggers[job_id] = trigger
+        try:
+            self.check_job(job, new=new)
+        except ConfigError as exc:
+            self._refused[job_id] = str(exc)
+            log.error("%s. None of its firings will run.", exc)
+        else:
+            self._refused.pop(job_id, None)
+
+    def _define(self, job: Any, lag: int = 0) -> dict[str, Any]:
+        refused = self._refused.get(job.id)
+        if refused is not None:
+            raise ConfigError(refused)
+        check_trigger(job.id, job.trigger, new=False)
+        try:
+            validate_job_name(job.id)
+        except ConfigError as exc:
+            raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") \
+                from None
+        options = self._checked_options(job.id, job.misfire_grace_time, job.max_instances,
+                                        job.trigger, lag)
         with self._define_lock:
             if self._defined.get(job.id) != options:
                 if job.id in self._defined:
@@ -352,7 +469,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         limit.
         """
         assert self._lock is not None, "This executor has not been started yet"
-        options = self._define(job)
+        options = self._define(job, max((lag_ms(job.trigger, t) for t in run_times),
+                                        default=0))
         overlap_across = self._leases and not options.get("overlap", False)
         if not overlap_across:
             with self._lock:

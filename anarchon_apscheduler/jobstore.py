@@ -36,7 +36,7 @@ from apscheduler.jobstores.base import (  # type: ignore[import-untyped]
 
 from anarchon_core import ConfigError
 
-from .executor import UNLIMITED_GRACE_MS
+from .executor import UNLIMITED_GRACE_MS, AnarchonExecutor
 from .triggers import check_trigger, lateness_allowance_ms
 
 __all__ = ["AnarchonJobStore"]
@@ -87,6 +87,8 @@ class AnarchonJobStore(BaseJobStore):  # type: ignore[misc]
         self.sync_interval = float(sync_interval)
         self._jobs: dict[str, Any] = {}
         self._definitions: dict[str, bytes] = {}
+        #: Job id → its trigger (pickled) as last checked here, to tell a new one apart.
+        self._checked: dict[str, bytes] = {}
         self._lock = threading.RLock()
         self._synced_at = float("-inf")
 
@@ -190,15 +192,28 @@ class AnarchonJobStore(BaseJobStore):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ writing
 
+    def _check(self, job: Any, *, new: bool) -> None:
+        """ConfigError if ``job`` cannot run alike on every process (see check_trigger)."""
+        executor = getattr(self._scheduler, "_executors", {}).get(job.executor)
+        if isinstance(executor, AnarchonExecutor):
+            executor.check_job(job, new=new)
+        else:
+            check_trigger(job.id, job.trigger, new=new)
+
     def add_job(self, job: Any) -> None:
-        """Add a job for every process; ConfigError if its run times differ per process."""
-        check_trigger(job.id, job.trigger)
+        """Add a job for every process; ConfigError if it cannot run alike on each.
+
+        The checks are :meth:`AnarchonExecutor.check_job` (its trigger, its id, its
+        ``misfire_grace_time`` on this store) when the job's executor is one.
+        """
+        self._check(job, new=True)
         with self._lock:
             if job.id in self._jobs:
                 raise ConflictingIdError(job.id)
             self.inner.add_job(job)
             self._jobs[job.id] = job
             self._definitions[job.id] = _definition(job)
+            self._checked[job.id] = pickle.dumps(job.trigger, protocol=4)
 
     def update_job(self, job: Any) -> None:
         """Keep a new next run time here; write any other change for every process."""
@@ -207,7 +222,8 @@ class AnarchonJobStore(BaseJobStore):  # type: ignore[misc]
             if job.id in self._jobs and self._definitions.get(job.id) == definition:
                 self._jobs[job.id] = job
                 return
-            check_trigger(job.id, job.trigger)
+            trigger = pickle.dumps(job.trigger, protocol=4)
+            self._check(job, new=self._checked.get(job.id) != trigger)
             try:
                 self.inner.update_job(job)
             except JobLookupError:
@@ -217,12 +233,14 @@ class AnarchonJobStore(BaseJobStore):  # type: ignore[misc]
                 raise
             self._jobs[job.id] = job
             self._definitions[job.id] = definition
+            self._checked[job.id] = trigger
 
     def remove_job(self, job_id: str) -> None:
         """Remove a job for every process."""
         with self._lock:
             known = self._jobs.pop(job_id, None) is not None
             self._definitions.pop(job_id, None)
+            self._checked.pop(job_id, None)
             try:
                 self.inner.remove_job(job_id)
             except JobLookupError:
@@ -235,6 +253,7 @@ class AnarchonJobStore(BaseJobStore):  # type: ignore[misc]
             self.inner.remove_all_jobs()
             self._jobs.clear()
             self._definitions.clear()
+            self._checked.clear()
 
     def __repr__(self) -> str:
         return f"<AnarchonJobStore inner={self.inner!r}>"

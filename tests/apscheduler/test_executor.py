@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from apscheduler.events import (
 )
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.memory import MemoryJobStore
+from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
@@ -40,7 +43,9 @@ from anarchon_apscheduler import (
     current_run,
     slot_for,
 )
+from anarchon_apscheduler.triggers import CalendarIntervalTrigger
 from anarchon_core import ConfigError, slot_from_datetime
+from tests.stores import StoreHandle
 from tests.support.procs import read_history
 
 START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -76,7 +81,24 @@ def test_interval_without_jitter_is_its_run_time_despite_float_rounding() -> Non
     for run_time in _run_times(trigger, 50):
         assert slot_for(trigger, run_time) % 100 == 0
     by_hand = START + timedelta(milliseconds=3_456)
-    assert slot_for(trigger, by_hand) == slot_from_datetime(by_hand)
+    assert slot_for(trigger, by_hand) == slot_from_datetime(START) + 3_400
+
+
+def test_interval_run_times_off_the_grid_map_to_the_grid_point_before_them() -> None:
+    """``next_run_time`` set by hand: APScheduler adds the interval to it from then on."""
+    from anarchon_apscheduler.triggers import lag_ms  # noqa: PLC0415
+
+    trigger = IntervalTrigger(seconds=3, start_date=EPOCH)
+    grid_ms = [slot_from_datetime(START) + 3_000 * k for k in range(20)]
+    for offset_ms in (1, 1_300, 1_750, 2_998):
+        first = START + timedelta(milliseconds=offset_ms)
+        run_times = [first]
+        for _ in range(19):
+            run_times.append(trigger.get_next_fire_time(run_times[-1], run_times[-1]))
+        assert [slot_for(trigger, t) for t in run_times] == grid_ms, offset_ms
+        assert {lag_ms(trigger, t) for t in run_times} == {offset_ms}
+    assert lag_ms(trigger, START) == 0
+    assert lag_ms(IntervalTrigger(seconds=3, start_date=EPOCH, jitter=1), first) == 0
 
 
 def test_or_trigger_with_jitter_and_date_trigger() -> None:
@@ -225,19 +247,120 @@ def test_missed_and_max_instances_are_emitted_once_per_firing(url: str) -> None:
     assert all(a != b for a, b in itertools.pairwise(marks)), marks
 
 
-def test_refused_interval_is_logged_naming_the_job_and_never_runs(
+def _anarchon_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("anarchon")}
+
+
+def test_refused_interval_added_before_start_makes_start_raise_and_nothing_runs(
+        url: str) -> None:
+    before = _anarchon_threads()
+    scheduler = BackgroundScheduler(executors={"default": AnarchonExecutor(backend=url)},
+                                    timezone="UTC")
+    scheduler.add_job(ok, "interval", seconds=1, id="drifting")
+    with pytest.raises(ConfigError, match=r"job 'drifting'.*no fixed start_date"):
+        scheduler.start()
+    assert scheduler.state == STATE_STOPPED
+    assert _anarchon_threads() <= before, "start() failed but left threads running"
+    scheduler.remove_job("drifting")
+    scheduler.start()
+    scheduler.shutdown()
+
+
+def test_refused_interval_added_after_start_is_logged_at_once_and_never_runs(
         url: str, caplog: pytest.LogCaptureFixture) -> None:
     RAN.clear()
     scheduler = BackgroundScheduler(executors={"default": AnarchonExecutor(backend=url)},
                                     timezone="UTC")
-    scheduler.add_job(ok, "interval", seconds=1, id="drifting")
-    with caplog.at_level(logging.ERROR):
-        scheduler.start()
-        time.sleep(2.5)
+    scheduler.start()
+    try:
+        with caplog.at_level(logging.ERROR):
+            scheduler.add_job(ok, "interval", seconds=1, id="drifting")
+            assert "job 'drifting'" in caplog.text
+            assert "no fixed start_date" in caplog.text
+            time.sleep(2.5)
+    finally:
         scheduler.shutdown()
     assert not RAN
-    assert "job 'drifting'" in caplog.text
-    assert "no fixed start_date" in caplog.text
+
+
+needs_calendar_intervals = pytest.mark.skipif(
+    CalendarIntervalTrigger is None, reason="CalendarIntervalTrigger needs APScheduler 3.11")
+
+
+@needs_calendar_intervals
+def test_calendar_interval_starting_today_is_refused() -> None:
+    weekly = CalendarIntervalTrigger(weeks=1, hour=8, timezone="UTC")
+    with pytest.raises(ConfigError) as info:
+        check_trigger("weekly", weekly)
+    message = str(info.value)
+    assert "job 'weekly'" in message
+    assert "starts today" in message
+    assert "start_date=" in message
+    with pytest.raises(ConfigError, match="job 'either'"):
+        check_trigger("either", OrTrigger([CronTrigger(hour=1), weekly]))
+    # Made earlier (a firing on its start day), written by hand, or every day: accepted.
+    check_trigger("weekly", weekly, new=False)
+    check_trigger("fixed", CalendarIntervalTrigger(weeks=1, start_date="2024-01-01",
+                                                   timezone="UTC"))
+    check_trigger("daily", CalendarIntervalTrigger(days=1, hour=8, timezone="UTC"))
+
+
+@needs_calendar_intervals
+def test_calendar_interval_without_start_date_never_runs_silently(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Added after start with a firing 2 s from now today: refused, logged, not run."""
+    RAN.clear()
+    scheduler = BackgroundScheduler(executors={"default": AnarchonExecutor(backend=url)},
+                                    timezone="UTC")
+    scheduler.start()
+    fire = datetime.now(UTC) + timedelta(seconds=2)
+    try:
+        with caplog.at_level(logging.ERROR):
+            scheduler.add_job(ok, "calendarinterval", weeks=1, hour=fire.hour,
+                              minute=fire.minute, second=fire.second, timezone="UTC",
+                              id="weekly")
+            assert "job 'weekly'" in caplog.text
+            assert "starts today" in caplog.text
+            time.sleep(3.5)
+    finally:
+        scheduler.shutdown()
+    assert not RAN, RAN
+    pending = BackgroundScheduler(executors={"default": AnarchonExecutor(backend=url)},
+                                  timezone="UTC")
+    pending.add_job(ok, "calendarinterval", weeks=2, id="fortnightly")
+    with pytest.raises(ConfigError, match=r"job 'fortnightly'.*starts today"):
+        pending.start()
+    stored = BackgroundScheduler(jobstores={"default": AnarchonJobStore(MemoryJobStore())},
+                                 executors={"default": AnarchonExecutor(backend=url)},
+                                 timezone="UTC")
+    stored.start(paused=True)
+    try:
+        with pytest.raises(ConfigError, match=r"job 'monthly'.*starts today"):
+            stored.add_job(ok, "calendarinterval", months=1, id="monthly")
+        assert stored.get_jobs() == []
+    finally:
+        stored.shutdown()
+
+
+def test_job_store_refusal_of_a_job_added_before_start_comes_from_start(url: str) -> None:
+    before = _anarchon_threads()
+    scheduler = BackgroundScheduler(jobstores={"default": AnarchonJobStore(MemoryJobStore())},
+                                    executors={"default": AnarchonExecutor(backend=url)},
+                                    timezone="UTC")
+    scheduler.add_job(ok, "interval", seconds=1, id="drifting")  # pending: not checked yet
+    with pytest.raises(ConfigError, match="job 'drifting'"):
+        scheduler.start()
+    assert scheduler.state == STATE_STOPPED
+    assert _anarchon_threads() <= before, "start() failed but left threads running"
+    with pytest.raises(SchedulerNotRunningError):
+        scheduler.shutdown()
+    scheduler.remove_job("drifting")
+    scheduler.add_job(ok, "interval", seconds=1, id="fixed", start_date=EPOCH)
+    scheduler.start()
+    try:
+        assert [j.id for j in scheduler.get_jobs()] == ["fixed"]
+    finally:
+        scheduler.shutdown()
 
 
 def test_job_store_refuses_it_when_the_job_is_added() -> None:
@@ -262,3 +385,75 @@ def test_bad_options_are_config_errors(url: str) -> None:
         AnarchonExecutor(object(), backend=url)
     with pytest.raises(ConfigError, match="max_late_ms"):
         AnarchonExecutor(backend=url, max_late_ms=-1)
+
+
+# ---------------------------------------------------------------------- limited stores
+
+
+@pytest.mark.parametrize("store", ["rabbitmq", "redis-script"])
+def test_unlimited_grace_on_a_store_with_a_limited_window_fails_at_start(
+        store: str, store_handles: Callable[[str], StoreHandle], namespace: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``misfire_grace_time=None`` asks for a claim window of an hour, which these stores
+    cannot keep: ``start()`` says so (naming the way out) instead of every firing failing."""
+    handle = store_handles(store)
+    before = _anarchon_threads()
+    scheduler = BackgroundScheduler(
+        executors={"default": AnarchonExecutor(backend=handle.backend(namespace))},
+        job_defaults={"misfire_grace_time": None}, timezone="UTC")
+    scheduler.add_job(ok, "cron", second="*", id="every-second")
+    with pytest.raises(ConfigError) as info:
+        scheduler.start()
+    message = str(info.value)
+    assert "misfire_grace_time=None" in message
+    assert "job_defaults" in message
+    assert "AnarchonExecutor(..., max_late_ms=...)" in message
+    assert scheduler.state == STATE_STOPPED
+    assert _anarchon_threads() <= before, "start() failed but left threads running"
+
+    one_job = BackgroundScheduler(
+        executors={"default": AnarchonExecutor(backend=handle.backend(namespace))},
+        timezone="UTC")
+    one_job.add_job(ok, "cron", second="*", id="unlimited", misfire_grace_time=None)
+    with pytest.raises(ConfigError, match=r"job 'unlimited'.*misfire_grace_time=None"):
+        one_job.start()
+
+    stored = BackgroundScheduler(
+        jobstores={"default": AnarchonJobStore(MemoryJobStore())},
+        executors={"default": AnarchonExecutor(backend=handle.backend(namespace))},
+        timezone="UTC")
+    stored.start(paused=True)
+    try:
+        with pytest.raises(ConfigError, match="misfire_grace_time=None"):
+            stored.add_job(ok, "cron", second="*", id="unlimited", misfire_grace_time=None)
+        assert stored.get_jobs() == []
+    finally:
+        stored.shutdown()
+
+    # Added after start to a plain job store: APScheduler gives the executor no say, so
+    # the refusal is logged when the job is added (and each firing is refused).
+    plain = BackgroundScheduler(
+        executors={"default": AnarchonExecutor(backend=handle.backend(namespace))},
+        timezone="UTC")
+    plain.start(paused=True)
+    try:
+        with caplog.at_level(logging.ERROR):
+            plain.add_job(ok, "cron", second="*", id="unlimited", misfire_grace_time=None)
+        assert "job 'unlimited'" in caplog.text
+        assert "misfire_grace_time=None" in caplog.text
+    finally:
+        plain.shutdown()
+
+    # The way out: a limit for every job; then the job runs.
+    RAN.clear()
+    fixed = BackgroundScheduler(
+        executors={"default": AnarchonExecutor(backend=handle.backend(namespace),
+                                               max_late_ms=30_000)},
+        job_defaults={"misfire_grace_time": None}, timezone="UTC")
+    fixed.add_job(ok, "cron", second="*", id="every-second")
+    fixed.start()
+    try:
+        time.sleep(2.5)
+    finally:
+        fixed.shutdown()
+    assert [job for job, _, _ in RAN].count("every-second") >= 1, RAN

@@ -229,3 +229,36 @@ def test_job_added_at_run_time_runs_once_although_its_adder_is_down(
     assert not after, f"'added' ran after it was paused on another process: {after}"
     assert any(e["instance"] != "s0" for e in ledger if e["event"] == "end" and
                e.get("job") == "added"), "the survivors should run the job s0 added"
+
+
+def test_interval_with_a_first_run_time_set_by_hand_runs_each_interval_once(
+        store_handles: Callable[[str], StoreHandle], namespace: str, tmp_path: Path) -> None:
+    """``add_job(..., next_run_time=now)``: each process's run times are off the grid by
+    its own amount, and all of them fall in one slot per interval."""
+    url = store_handles("postgres").url(namespace)  # type: ignore[misc]
+    with Fleet(tmp_path) as fleet:
+        for index in range(3):
+            fleet.start(f"n{index}", {"backend": url, "jobs": [
+                {**interval("sync", 3, sleep_s=0.1), "first_run_now": True}]})
+            time.sleep(0.4)
+        fleet.wait_ready(60)
+        lo = now_ms() + 3_000
+        time.sleep(18)
+        hi = now_ms() - 3_000
+        fleet.stop_all()
+        ledger = fleet.ledger()
+    logs = fleet.logs()
+    # By the real time each run started: one run per interval, whichever process it was.
+    started = [e for e in ledger if e["event"] == "start" and e.get("job") == "sync"]
+    cells = grid(3000, lo, hi - 3000)
+    assert len(cells) >= 3, (lo, hi)
+    per_cell = {cell: [e["instance"] for e in started if cell <= e["t"] * 1000 < cell + 3000]
+                for cell in cells}
+    wrong = {cell: who for cell, who in per_cell.items() if len(who) != 1}
+    assert not wrong, f"intervals not run exactly once (interval → runners): {wrong}\n{logs}"
+    assert all(e["slot"] % 3000 == 0 for e in started), [e["slot"] for e in started]
+    done = ends(ledger, "sync")
+    assert not {s: n for s, n in done.items() if n > 1}, f"a slot ran twice: {done}"
+    missed = [e for e in ledger if e["event"] == "aps" and e.get("job") == "sync"
+              and e["code"] in (EVENT_JOB_MISSED, EVENT_JOB_ERROR)]
+    assert not missed, f"the off-grid run times were judged late or failed: {missed}\n{logs}"

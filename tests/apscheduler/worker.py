@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,11 @@ def add_job(scheduler: Any, spec: dict[str, Any], coroutine: bool) -> None:
               "grid_ms": spec.get("grid_ms", 1000)}
     if spec.get("fail"):
         kwargs["fail"] = True
+    options = dict(spec.get("options", {}))
+    if spec.get("first_run_now"):  # the "run at start, then every interval" idiom
+        options["next_run_time"] = datetime.now(UTC)
     job = scheduler.add_job(func, spec["trigger"], id=spec["id"], kwargs=kwargs,
-                            replace_existing=True, **spec.get("options", {}), **spec["args"])
+                            replace_existing=True, **options, **spec["args"])
     TRIGGERS[spec["id"]] = job.trigger
 
 
