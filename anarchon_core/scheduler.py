@@ -802,7 +802,9 @@ class Scheduler:
         """Run job ``name`` now on this instance, outside its schedule; return its Run.
 
         Recorded in history as manual. On a lease backend it holds a lease like any run,
-        so scheduled slots of the job are skipped while it runs (unless ``overlap``).
+        so scheduled slots of the job are skipped while it runs (unless ``overlap``). The
+        returned run's times are this instance's clock; :meth:`history` shows the store's,
+        so the two can differ by a millisecond or more.
         """
         job = self._runnable(name)
         await self._open_backend()
