@@ -117,7 +117,7 @@ def test_history_filter_and_run_now(browser: Any, live_server: Any, sqlite_store
     browser.find_element(By.ID, "anarchon-run-now").click()
     message = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR,
                                                          ".messagelist li.success")))
-    assert "manual run succeeded" in message.text
+    assert "Manual run of 'testapp.note' succeeded in" in message.text
     rows = browser.find_elements(By.CSS_SELECTOR, "tr.anarchon-run")
     assert [(r.get_attribute("data-job"), r.get_attribute("data-status")) for r in rows] \
         == [("testapp.note", "success")]
