@@ -308,16 +308,19 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         return running is getattr(self._scheduler, "_eventloop", None)
 
     def _stop_anarchon(self) -> None:
+        # Held throughout: the last run's end and shutdown() may both get here, and the
+        # one that comes second must not return (and let the process exit) while the
+        # first is still recording ends.
         with self._stop_lock:
             finisher, self._finisher = self._finisher, None
             owns, self._owns_anarchon = self._owns_anarchon, False
-        if finisher is not None:
-            finisher.shutdown(wait=True)
-        if owns:
-            try:
-                self._anarchon.sync.stop()
-            except Exception:  # the process is shutting down; report, do not raise
-                log.exception("stopping the anarchon scheduler failed")
+            if finisher is not None:
+                finisher.shutdown(wait=True)
+            if owns:
+                try:
+                    self._anarchon.sync.stop()
+                except Exception:  # the process is shutting down; report, do not raise
+                    log.exception("stopping the anarchon scheduler failed")
 
     # ------------------------------------------------------------------ job definitions
 

@@ -45,6 +45,7 @@ from anarchon_apscheduler import (
 )
 from anarchon_apscheduler.triggers import CalendarIntervalTrigger
 from anarchon_core import ConfigError, slot_from_datetime
+from anarchon_core.claim import SyncClaimHandle
 from tests.stores import StoreHandle
 from tests.support.procs import read_history
 
@@ -457,3 +458,38 @@ def test_unlimited_grace_on_a_store_with_a_limited_window_fails_at_start(
     finally:
         fixed.shutdown()
     assert [job for job, _, _ in RAN].count("every-second") >= 1, RAN
+
+
+def test_shutdown_returns_only_once_the_last_runs_end_is_recorded(
+        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The last run's end stops anarchon from a thread of its own while shutdown() stops it
+    # too: shutdown() must not return (and let the process exit, which refuses new work to
+    # every thread pool) while that thread still records the end.
+    real_finish = SyncClaimHandle.finish
+    recorded = threading.Event()
+
+    def slow_finish(self: SyncClaimHandle, *args: Any, **kwargs: Any) -> bool:
+        time.sleep(0.5)
+        accepted = real_finish(self, *args, **kwargs)
+        recorded.set()
+        return accepted
+
+    monkeypatch.setattr(SyncClaimHandle, "finish", slow_finish)
+    started = threading.Event()
+
+    def short() -> None:
+        started.set()
+        time.sleep(0.3)
+
+    scheduler = BackgroundScheduler(timezone="UTC", executors={
+        "default": AnarchonExecutor(ThreadPoolExecutor(4), backend=url)})
+    scheduler.add_job(short, "interval", seconds=5, start_date=EPOCH, id="short",
+                      next_run_time=datetime.now(UTC))
+    scheduler.start()
+    try:
+        assert started.wait(10), "the job never started"
+    finally:
+        scheduler.shutdown(wait=True)
+    assert recorded.is_set(), "shutdown() returned before the run's end was recorded"
+    [run] = read_history(url, "short")
+    assert run.status == "success"
