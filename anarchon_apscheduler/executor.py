@@ -145,6 +145,15 @@ class _Run:
     handle: SyncClaimHandle
 
 
+def _check_id_and_trigger(job: Any, *, new: bool) -> None:
+    """ConfigError if ``job``'s trigger differs per process or its id names no job."""
+    check_trigger(job.id, job.trigger, new=new)
+    try:
+        validate_job_name(job.id)
+    except ConfigError as exc:
+        raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") from None
+
+
 class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
     """An APScheduler 3 executor that runs each firing once across all processes.
 
@@ -377,12 +386,7 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         :class:`~anarchon_apscheduler.AnarchonJobStore` calls it when a job is added.
         """
         defaults = getattr(getattr(self, "_scheduler", None), "_job_defaults", None) or {}
-        check_trigger(job.id, job.trigger, new=new)
-        try:
-            validate_job_name(job.id)
-        except ConfigError as exc:
-            raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") \
-                from None
+        _check_id_and_trigger(job, new=new)
         next_run = getattr(job, "next_run_time", None)
         self._checked_options(
             job.id, getattr(job, "misfire_grace_time", defaults.get("misfire_grace_time", 1)),
@@ -428,12 +432,7 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         refused = self._refused.get(job.id)
         if refused is not None:
             raise ConfigError(refused)
-        check_trigger(job.id, job.trigger, new=False)
-        try:
-            validate_job_name(job.id)
-        except ConfigError as exc:
-            raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") \
-                from None
+        _check_id_and_trigger(job, new=False)
         options = self._checked_options(job.id, job.misfire_grace_time, job.max_instances,
                                         job.trigger, lag)
         with self._define_lock:
