@@ -433,10 +433,11 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         if refused is not None:
             raise ConfigError(refused)
         _check_id_and_trigger(job, new=False)
-        options = self._checked_options(job.id, job.misfire_grace_time, job.max_instances,
-                                        job.trigger, lag)
+        options = self._options(job.misfire_grace_time, job.max_instances, job.trigger, lag)
         with self._define_lock:
-            if self._defined.get(job.id) != options:
+            if self._defined.get(job.id) != options:  # checked once per definition
+                self._checked_options(job.id, job.misfire_grace_time, job.max_instances,
+                                      job.trigger, lag)
                 if job.id in self._defined:
                     self._anarchon.remove(job.id)
                 self._anarchon.define(job.id, on_takeover=self._on_takeover, **options)
