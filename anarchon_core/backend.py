@@ -209,7 +209,7 @@ class Backend(abc.ABC):
 
     def _no_controls(self) -> str:
         return (f"{self.describe()} keeps no shared control records: pausing jobs and the "
-                "fleet view need Redis/Valkey, PostgreSQL, SQLite or NATS")
+                "fleet view need Redis/Valkey, PostgreSQL or SQLite")
 
     def describe(self) -> str:
         """A one-line description safe to log (no secrets)."""
