@@ -117,6 +117,8 @@ class ClaimHandle:
         self.loop = asyncio.get_running_loop()
         self._callbacks: list[Callable[[str], None]] = []
         lease_s = self.timings.lease_ms / 1000 if self.timings else 0.0
+        #: When the claim was sent (monotonic): the end's log line says how long since.
+        self._sent_at = sent_at
         self._confirmed_until = sent_at + lease_s
         self._margin_s = fence_margin_ms(self.timings.lease_ms) / 1000 if self.timings else 0
         self._next_beat = sent_at + (self.timings.heartbeat_ms / 1000 if self.timings else 0)
@@ -431,7 +433,8 @@ class ClaimHandle:
         if self.ended:
             raise RuntimeError(f"{self._label()}: its end was already recorded")
         return await self._end(self.backend.finish, (self.ref, status, error, record or None),
-                               f"{status}{f' ({error})' if error else ''}")
+                               f"{status}{f' ({error})' if error else ''}",
+                               outcome={"status": status, "error": error})
 
     async def release(self) -> bool:
         """Hand over: end the lease now so a backup takes the next attempt at once.
@@ -444,10 +447,12 @@ class ClaimHandle:
         if self.timings is None:
             self.ended = True
             return False
-        return await self._end(self.backend.release, (self.ref,), "handed over", "release")
+        return await self._end(self.backend.release, (self.ref,), "handed over", "release",
+                               outcome={"status": "interrupted", "error": "handed over"})
 
     async def _end(self, send: Callable[..., Awaitable[bool]], args: tuple[Any, ...],
-                   what: str, name: str = "finish") -> bool:
+                   what: str, name: str = "finish",
+                   outcome: Mapping[str, Any] | None = None) -> bool:
         # The code has returned, so a late end record is safe (the store refuses it once
         # another attempt took over) and worth it: while the store is unreachable nobody can
         # take over either, and the first record after it is back keeps the run from being
@@ -490,7 +495,9 @@ class ClaimHandle:
         self.ended = True
         self._stop_keeping()
         if log.isEnabledFor(logging.INFO):
-            log.info("%s: %s", self._label(), what, extra=self._fields())
+            took = round((time.monotonic() - self._sent_at) * 1000)
+            log.info("%s: %s", self._label(), what,
+                     extra={**self._fields(), **(outcome or {}), "duration_ms": took})
         if name == "release":
             self._emit(EventKind.HANDED_OVER)
         return True

@@ -240,8 +240,8 @@ class FleetStatus:
             last = job.last_run
             last_text = (f"{last.status} {_when(last.slot)} on {last.runner}"
                          if last is not None else "-")
-            state = "paused" if job.paused else ("no live instance" if not job.definitions
-                                                 else "")
+            state = _paused_text(job.paused) if job.paused else (
+                "no live instance" if not job.definitions else "")
             if job.disagree:
                 state = (state + " DEFINITIONS DIFFER").strip()
             lines.append(f"{job.name:<24} {(job.schedule or '-'):<30} {nxt:<21} "
@@ -293,6 +293,12 @@ def assemble(now_ms: int, instance_records: Mapping[str, str], job_records: Mapp
 def check_job_name(name: object) -> str:
     """A job name for pause/resume (need not be registered on this instance)."""
     return validate_job_name(name)
+
+
+def _paused_text(info: PauseInfo) -> str:
+    """``paused by <who> at <when>: <reason>`` (the reason given to ``pause``)."""
+    when = f" at {_when(info.at_ms)}" if info.at_ms else ""
+    return f"paused by {info.by}{when}" + (f": {info.reason}" if info.reason else "")
 
 
 def _ago(now_ms: int, then_ms: int) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -184,6 +184,8 @@ class JobInfo:
     schedule: str
     next_slot: int
     options: dict[str, Any] = field(default_factory=dict)
+    #: The job's handler (None for a job ``define()``d without one: its caller runs it).
+    handler: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def next_run_at(self) -> datetime:

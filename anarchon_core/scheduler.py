@@ -425,7 +425,8 @@ class Scheduler:
         now = round(self._now_ms())
         schedule = job.schedule
         return JobInfo(job.name, schedule.describe() if schedule else "(claimed by its caller)",
-                       schedule.next_after(now) if schedule else 0, job.options.as_dict())
+                       schedule.next_after(now) if schedule else 0, job.options.as_dict(),
+                       job.handler)
 
     def jobs(self) -> list[JobInfo]:
         """The registered jobs with their next slot (0 for jobs defined without a schedule)."""
@@ -848,7 +849,8 @@ class Scheduler:
         while (at := job.schedule.next_after(at)) <= hi:
             if len(slots) == limit:
                 raise ConfigError(f"{name}: more than {limit} slots from {_iso(lo)} to "
-                                  f"{_iso(hi)}; backfill a shorter range or raise limit")
+                                  f"{_iso(hi)}; backfill a shorter range or raise the limit "
+                                  "(limit=, or --limit of anarchon backfill)")
             slots.append(at)
         done = await self._succeeded_slots(name, lo)
         runs: list[Run] = []

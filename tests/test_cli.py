@@ -148,7 +148,7 @@ def _closed_port() -> int:
      (["history", "tick", "--backend", "mysql://127.0.0.1/db"], "history", 2,
       "unknown backend URL scheme 'mysql'"),
      (["history", "tick", "--backend", "sqlite:///x.db", "--limit", "0"], "history", 2,
-      "argument --limit"),
+      "argument -n/--limit: expected 1 to 10000, got 0"),
      (["demo", "--instances", "0"], "demo", 2, "argument --instances"),
      (["demo", "--seconds", "nan"], "demo", 2, "argument --seconds")],
 )

@@ -1,4 +1,4 @@
-"""``anarchon``: demo, run, jobs, history, check, status, pause, resume, backfill, next.
+"""``anarchon``: demo, run, jobs, history, check, doctor, status, pause, resume, backfill, next.
 
 Every failure ends with a non-zero exit status and one line on stderr saying what to fix
 (``anarchon <command>: error: ...``): 2 for a usage or configuration error, 1 when a store
@@ -21,19 +21,28 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
-from .. import deadman
-from ..errors import AnarchonError, ConfigError
-from ..fleet import PAUSE_REFRESH_S
+from .. import __version__, deadman
+from ..errors import AnarchonError, ConfigError, StoreNotSetUp
+from ..fleet import PAUSE_REFRESH_S, PauseInfo
+from ..logjson import LOG_FORMATS, install_log_handler
 from ..models import Run
 from ..scheduler import Scheduler
 from ..schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
 from ..url import backend_from_url, redact
+from .history import (
+    MAX_COUNT,
+    HistoryAnswer,
+    add_history_options,
+    count_arg,
+    format_history,
+    read_history,
+)
 
-__all__ = ["CliError", "add_metrics_options", "build_parser", "load_scheduler", "main"]
+__all__ = ["MAX_COUNT", "CliError", "add_log_format_option", "add_metrics_options",
+           "build_parser", "count_arg", "format_history", "load_scheduler", "main",
+           "seconds_arg"]
 
 T = TypeVar("T")
-#: Most slots ``anarchon next`` prints, and most runs ``anarchon history`` reads.
-MAX_COUNT = 10_000
 _MAX_MESSAGE = 600
 
 
@@ -48,32 +57,33 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def count_arg(text: str) -> int:
-    """An argparse type for counts (``-n``, ``--limit``): a whole number, 1 to MAX_COUNT."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_COUNT}, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
+    """An argparse type for ``--timeout`` and ``--seconds``: more than 0, at most 86400."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0 or value > 86_400:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0 to 86400, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0 and at most "
+                                         f"86400 (e.g. 0.5 or 30), got {text!r}")
     return value
+
+
+_seconds = seconds_arg
 
 
 def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65_535:
         raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
     return int(text)
+
+
+def add_log_format_option(parser: argparse.ArgumentParser) -> None:
+    """``--log-format text|json`` (also ``manage.py anarchon``'s)."""
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="log lines as text (default) or as one JSON object per line "
+                             "with the run's fields (job, slot, attempt, runner, status, "
+                             "duration_ms)")
 
 
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:
@@ -131,22 +141,11 @@ def load_scheduler(target: str) -> Scheduler:
     return obj
 
 
-def format_history(runs: Sequence[Run]) -> str:
-    """A text table of history entries."""
-    lines = [f"{'scheduled (UTC)':<24} {'attempt':>7} {'status':<12} {'ms':>7}  "
-             "runner / error / meta"]
-    for r in runs:
-        when = r.scheduled_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        meta = " ".join(f"{k}={v}" for k, v in sorted(r.meta.items()))
-        tail = (r.runner + (f"  {r.error}" if r.error else "") + ("  (manual)" if r.manual
-                else "") + (f"  [{meta}]" if meta else ""))
-        ms = "" if r.duration_ms is None else str(r.duration_ms)
-        lines.append(f"{when:<24} {r.attempt:>7} {r.status:<12} {ms:>7}  {tail}")
-    return "\n".join(lines)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a scheduler until SIGINT/SIGTERM (serving Prometheus metrics if asked)."""
+    # Every logger's lines (the drivers' too) in one format: JSON lines stay one per line.
+    install_log_handler(args.log_format, level=logging.DEBUG if args.verbose else logging.INFO,
+                        logger="")
     scheduler = load_scheduler(args.target)
     if args.metrics_port is not None:
         from ..metrics.prometheus import serve_metrics  # noqa: PLC0415 - optional extra
@@ -166,15 +165,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def _with_store(args: argparse.Namespace, what: str,
-                call: Callable[[Scheduler], Awaitable[T]]) -> T:
+                call: Callable[[Scheduler], Awaitable[T]], *, writes: bool = False) -> T:
     """``call(reader)``: a job-less scheduler on ``--backend`` (or ``$ANARCHON_URL``).
 
-    Bounded by ``--timeout``; ``what`` names the operation in errors.
+    Bounded by ``--timeout``; ``what`` names the operation in errors. The backend is
+    read-only unless the command ``writes``: a read creates nothing, and a namespace that
+    does not exist is a :class:`~anarchon_core.errors.StoreNotSetUp` (exit status 1).
     """
     url = args.backend or os.environ.get("ANARCHON_URL")
     if not url:
         raise CliError("give --backend URL (or set ANARCHON_URL)")
-    backend = backend_from_url(url)
+    backend = backend_from_url(url) if writes else backend_from_url(url, read_only=True)
     reader = Scheduler(backend)
 
     async def go() -> T:
@@ -200,17 +201,35 @@ def _read_history(args: argparse.Namespace, job: str, limit: int) -> list[Run]:
     return _with_store(args, "read history from", lambda r: r.history(job, limit))
 
 
+async def _pause_known(reader: Scheduler, job: str, reason: str | None,
+                       force: bool) -> PauseInfo:
+    """Pause ``job`` if a live instance defines it or the store holds runs of it (or force)."""
+    if not force:
+        view = await reader.status()
+        defined = {j.name for j in view.jobs if j.definitions}
+        held = set(await reader.job_names())
+        if job not in defined and job not in held:
+            known = sorted(defined | held)
+            listed = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
+            raise CliError(f"no live instance defines {job!r} and the store holds no runs of "
+                           f"it (known jobs: {listed or 'none'}); check the name, or pause "
+                           "it anyway with --force")
+    return await reader.pause(job, reason)
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
-    """Pause a job for the whole fleet."""
-    info = _with_store(args, "pause a job on", lambda r: r.pause(args.job, args.reason))
-    print(f"paused {info.job!r} for every instance (they notice within "
+    """Pause a job for the whole fleet (a job nobody knows only with ``--force``)."""
+    info = _with_store(args, "pause a job on",
+                       lambda r: _pause_known(r, args.job, args.reason, args.force), writes=True)
+    why = f" ({info.reason})" if info.reason else ""
+    print(f"paused {info.job!r}{why} for every instance (they notice within "
           f"{PAUSE_REFRESH_S:g} s); resume with: anarchon resume {args.job}")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Resume a paused job fleet-wide."""
-    was = _with_store(args, "resume a job on", lambda r: r.resume(args.job))
+    was = _with_store(args, "resume a job on", lambda r: r.resume(args.job), writes=True)
     print(f"resumed {args.job!r}" if was else f"{args.job!r} was not paused")
     return 0
 
@@ -248,10 +267,31 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    """Print a job's history from a store."""
-    runs = _read_history(args, args.job, args.limit)
-    print(format_history(runs) if runs else f"no history for {args.job!r}")
+    """Print the newest runs (of one job, or of every job) from a store."""
+    answer: HistoryAnswer = _with_store(args, "read history from", lambda r: read_history(
+        r, args.job, args.limit, status=args.status, runner=args.runner))
+    if answer.unknown:
+        raise CliError(answer.message)
+    print(answer.text())
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check a set-up: config, handlers, store, format, clock, namespace. 1 on a failure."""
+    from .doctor import Finding, format_findings, run_checks  # noqa: PLC0415 - only here
+
+    try:
+        scheduler = load_scheduler(args.target)
+    except AnarchonError as exc:
+        print(Finding("config", "FAIL", _one_line(exc)))
+        return 1
+    url = args.backend
+    reader = Scheduler(backend_from_url(url)) if url else Scheduler(scheduler.backend)
+    head = Finding("config", "ok", f"{args.target}: {len(scheduler.jobs())} job(s) on "
+                                   f"{reader.backend.describe()}")
+    findings = [head, *run_checks(scheduler, reader, args.timeout)]
+    print(format_findings(findings))
+    return 1 if any(f.failed for f in findings) else 0
 
 
 #: How many of a job's newest runs ``anarchon check`` reads.
@@ -268,8 +308,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     deadman.parse_max_silence(args.max_silence)  # a bad value is a usage error (2)
     try:
         runs = _read_history(args, args.job, CHECK_RUNS)
-    except CliError:
-        raise
+    except (CliError, StoreNotSetUp):
+        raise  # a usage error (2); no store in that namespace (1, like a silent job)
     except Exception as exc:  # noqa: BLE001 - cannot tell: the "unknown" verdict
         print(f"unknown: {args.job}: cannot read the store: {_one_line(exc)}")
         return deadman.UNKNOWN
@@ -306,18 +346,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="anarchon", parents=[common],
         description="Distributed cron: every instance runs, each slot once.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"anarchon {__version__}",
+                        help="print anarchon's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                metavar="COMMAND")
 
     demo = sub.add_parser("demo", parents=[common],
                           help="several instances, one killed mid-run")
     demo.add_argument("--backend", help="store URL (default: a temporary SQLite file)")
-    demo.add_argument("--instances", type=_instances, default=3)
-    demo.add_argument("--seconds", type=_seconds, default=20.0)
+    demo.add_argument("--instances", type=_instances, default=3,
+                      help="how many instance processes race for the slots (1 to 32, "
+                           "default 3)")
+    demo.add_argument("--seconds", type=_seconds, default=20.0,
+                      help="how long the instances run before the table is printed "
+                           "(default 20)")
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", parents=[common],
                          help="run module:scheduler until SIGINT/SIGTERM")
     run.add_argument("target", help="module:attribute of a Scheduler")
+    add_log_format_option(run)
     add_metrics_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -326,10 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.set_defaults(func=cmd_jobs)
 
     history = sub.add_parser("history", parents=[common],
-                             help="show a job's runs, newest first")
-    history.add_argument("job")
+                             help="show the newest runs of every job, or of JOB")
+    add_history_options(history)
     history.add_argument("--backend", help="store URL (default: $ANARCHON_URL)")
-    history.add_argument("--limit", type=count_arg, default=20)
     history.add_argument("--timeout", type=_seconds, default=30.0,
                          help="seconds to wait for the store (default 30)")
     history.set_defaults(func=cmd_history)
@@ -337,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check", parents=[common],
         help="dead-man check: exit 0 if JOB succeeded recently, 1 if silent, 2 if unknown")
-    check.add_argument("job")
+    check.add_argument("job", help="the job whose successes are checked")
     check.add_argument("--max-silence", required=True,
                        help="slots without a success before alerting (e.g. 3), or a "
                             "duration (e.g. 2h)")
@@ -353,10 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("pause", "pause JOB for every instance of the namespace"),
                            ("resume", "resume a paused JOB")):
         control = sub.add_parser(name, parents=[common], help=helptext)
-        control.add_argument("job")
+        control.add_argument("job", help=f"the job to {name}")
         control.add_argument("--backend", help="store URL (default: $ANARCHON_URL)")
         if name == "pause":
             control.add_argument("--reason", help="why (shown by status and in the logs)")
+            control.add_argument("--force", action="store_true",
+                                 help="pause a job that no live instance defines and the "
+                                      "store holds no runs of")
         control.add_argument("--timeout", type=_seconds, default=30.0,
                              help="seconds to wait for the store (default 30)")
         control.set_defaults(func=cmd_pause if name == "pause" else cmd_resume)
@@ -371,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill = sub.add_parser("backfill", parents=[common],
                               help="run past slots of a job of module:scheduler, each once")
     backfill.add_argument("target", help="module:attribute of a Scheduler")
-    backfill.add_argument("job")
+    backfill.add_argument("job", help="the job whose past slots are run")
     backfill.add_argument("--from", dest="start", type=_moment, required=True,
                           help="first slot (ISO 8601; UTC unless it has an offset)")
     backfill.add_argument("--to", dest="end", type=_moment, required=True,
@@ -381,10 +431,21 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.set_defaults(func=cmd_backfill)
 
     nxt = sub.add_parser("next", parents=[common], help="the next times of a cron expression")
-    nxt.add_argument("expression")
-    nxt.add_argument("--tz", default="UTC")
+    nxt.add_argument("expression", help='a 5- or 6-field cron expression, e.g. "0 8 * * *"')
+    nxt.add_argument("--tz", default="UTC",
+                     help="IANA time zone the expression is read in (default UTC)")
     nxt.add_argument("-n", type=count_arg, default=5, help=f"how many (1 to {MAX_COUNT})")
     nxt.set_defaults(func=cmd_next)
+
+    doctor = sub.add_parser(
+        "doctor", parents=[common],
+        help="check module:scheduler: handlers, store, format, clock, namespace (exit 1 on "
+             "a failure)")
+    doctor.add_argument("target", help="module:attribute of a Scheduler")
+    doctor.add_argument("--backend", help="store URL (default: the scheduler's own)")
+    doctor.add_argument("--timeout", type=_seconds, default=30.0,
+                        help="seconds to wait for the store (default 30)")
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 
@@ -400,11 +461,10 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``anarchon`` console script."""
     args = build_parser().parse_args(argv)
-    verbose = bool(getattr(args, "traceback", False))
-    if args.command == "run" or verbose:
-        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    else:
+    verbose = args.verbose = bool(getattr(args, "traceback", False))
+    if verbose and args.command != "run":  # cmd_run logs in the --log-format asked for
+        install_log_handler("text", level=logging.DEBUG, logger="")
+    elif args.command != "run":
         # The error line says what failed; drivers' and retry log lines would only repeat
         # it (and a driver's may show more than it should).
         logging.disable(logging.CRITICAL)
