@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from django.db import connections
 
 import anarchon_django
 from anarchon_django import registry
+from anarchon_django.management.commands.anarchon import _ensure_logging
 from tests.django.conftest import Store
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
@@ -52,7 +55,7 @@ def test_history_filters(store: Store, capsys: pytest.CaptureFixture[str]) -> No
     capsys.readouterr()
     rows = anarchon(capsys, "history").splitlines()[1:]
     assert len(rows) == 3
-    assert [r.split()[2] for r in rows] == ["testapp.note", "testapp.fail", "testapp.note"]
+    assert [r.split()[1] for r in rows] == ["testapp.note", "testapp.fail", "testapp.note"]
     assert all("(manual)" in r for r in rows)
     assert len(anarchon(capsys, "history", "testapp.note").splitlines()[1:]) == 2
     assert len(anarchon(capsys, "history", "-n", "1").splitlines()[1:]) == 1
@@ -61,7 +64,41 @@ def test_history_filters(store: Store, capsys: pytest.CaptureFixture[str]) -> No
     assert "the report server said no" in failed[0]
     runner = anarchon_django.get_scheduler().instance_id
     assert len(anarchon(capsys, "history", "--runner", runner).splitlines()[1:]) == 3
-    assert anarchon(capsys, "history", "--runner", "elsewhere:1").strip() == "no runs"
+    assert anarchon(capsys, "history", "--runner", "elsewhere:1").strip() == \
+        "no runs by runner 'elsewhere:1'"
+    with pytest.raises(CommandError, match="no runs of 'nope'; the store holds runs of 2 "
+                                           "job") as unknown:
+        call_command("anarchon", "history", "nope")
+    assert unknown.value.returncode == 2
+
+
+def test_history_is_the_core_table(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    anarchon(capsys, "run", "testapp.note")
+    header, row = anarchon(capsys, "history", "--limit", "1").splitlines()
+    assert header.split() == ["scheduled", "(UTC)", "job", "attempt", "status", "ms",
+                              "runner", "/", "error", "/", "meta"]
+    assert row.split()[0].endswith("Z")
+
+
+def test_log_format_json_writes_one_object_per_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    logger = logging.getLogger("anarchon")
+    saved = (list(logger.handlers), logger.propagate, logger.level)
+    try:
+        _ensure_logging(1, "json")
+        logging.getLogger("anarchon.lease").info(
+            "note slot 1 attempt 1: success", extra={"job": "note", "slot": 1, "attempt": 1,
+                                                     "instance": "w:1", "status": "success",
+                                                     "duration_ms": 5})
+        (line,) = capsys.readouterr().err.splitlines()
+    finally:
+        logger.handlers[:] = saved[0]
+        logger.propagate, logger.level = saved[1], saved[2]
+    record = json.loads(line)
+    assert {k: record[k] for k in ("job", "slot", "attempt", "runner", "status",
+                                   "duration_ms")} == {
+        "job": "note", "slot": 1, "attempt": 1, "runner": "w:1", "status": "success",
+        "duration_ms": 5}
 
 
 def test_run_exit_status_follows_the_result(db_store: Store,

@@ -9,15 +9,13 @@ system checks refuse, a job the settings refuse): one line on stderr, never a tr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import getpass
 import logging
 import os
 import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from django.core import checks
@@ -29,7 +27,6 @@ from anarchon_core import (
     AnarchonError,
     ConfigError,
     Run,
-    RunPage,
     Scheduler,
     StoreError,
     StoreFormatError,
@@ -37,10 +34,17 @@ from anarchon_core import (
     UnsupportedStrategyError,
     mask_url,
 )
-from anarchon_core.cli.main import MAX_COUNT, add_metrics_options, count_arg
+from anarchon_core.cli.history import (
+    HistoryAnswer,
+    add_history_options,
+    format_history,
+    read_history,
+)
+from anarchon_core.cli.main import add_log_format_option, add_metrics_options, seconds_arg
+from anarchon_core.logjson import install_log_handler
 
 from ... import conf, registry, runtime
-from ...views import STATUSES, local, not_set_up, store_error
+from ...views import local, not_set_up, store_error
 
 log = logging.getLogger("anarchon.django")
 T = TypeVar("T")
@@ -50,14 +54,7 @@ _START_RETRY_MAX_S = 30.0
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 86_400:
-        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 86400, got {text!r}")
-    return value
+_seconds = seconds_arg
 
 
 def configuration_error(exc: BaseException) -> CommandError:
@@ -78,20 +75,6 @@ def _when(run: Run | None) -> str:
     return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def format_runs(runs: Sequence[Run]) -> str:
-    """History as a text table, newest first (times in the current time zone)."""
-    lines = [f"{'scheduled':<19}  {'job':<24} {'att':>3}  {'status':<11} {'ms':>7}  "
-             "runner / error"]
-    for r in runs:
-        tail = r.runner + (f"  {r.error}" if r.error else "") + ("  (manual)" if r.manual else "")
-        if r.meta:
-            tail += "  " + " ".join(f"{k}={v}" for k, v in sorted(r.meta.items()))
-        ms = "" if r.duration_ms is None else str(r.duration_ms)
-        lines.append(f"{_when(r):<19}  {r.job:<24} {r.attempt:>3}  {r.status:<11} {ms:>7}  "
-                     f"{tail}")
-    return "\n".join(lines)
-
-
 class Command(BaseCommand):
     """Run the anarchon worker, or inspect and run the project's jobs."""
 
@@ -104,12 +87,8 @@ class Command(BaseCommand):
         """The subcommands; the worker takes no arguments."""
         sub = parser.add_subparsers(dest="subcommand", metavar="{jobs,history,run,check}")
         sub.add_parser("jobs", help="the declared jobs: schedule, next run, last result")
-        history = sub.add_parser("history", help="runs, newest first")
-        history.add_argument("job", nargs="?", help="only this job")
-        history.add_argument("-n", type=count_arg, default=20, dest="limit",
-                             help=f"how many runs (1 to {MAX_COUNT}, default 20)")
-        history.add_argument("--status", choices=STATUSES)
-        history.add_argument("--runner", help="only runs of this instance id")
+        history = sub.add_parser("history", help="runs, newest first (times in UTC)")
+        add_history_options(history)
         run = sub.add_parser("run", help="run a job now in this process (exit 0 if it "
                              "succeeded)")
         run.add_argument("job")
@@ -117,6 +96,7 @@ class Command(BaseCommand):
         for p in (parser, *sub.choices.values()):
             p.add_argument("--timeout", type=_seconds, default=30.0,
                            help="seconds to wait for the store (default 30)")
+        add_log_format_option(parser)
         add_metrics_options(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -195,17 +175,16 @@ class Command(BaseCommand):
         """Runs newest first, optionally of one job, status or runner."""
         job, limit = options.get("job"), options["limit"]
         try:
-            runs = self._read(options, lambda r: r.history(
-                job, limit, status=options.get("status"), runner=options.get("runner")))
+            answer = self._read(options, lambda r: read_history(
+                r, job, limit, status=options.get("status"), runner=options.get("runner")))
         except (AnarchonError, OSError) as exc:
             if not not_set_up(exc):
                 raise CommandError(f"could not read history: {store_error(exc)}",
                                    returncode=EXIT_FAILED) from exc
-            runs = RunPage()
-        if runs:
-            self.stdout.write(format_runs(runs))
-        else:
-            self.stdout.write(f"no runs{' of ' + repr(job) if job else ''}")
+            answer = HistoryAnswer([], "no runs")
+        if answer.unknown:
+            raise CommandError(answer.message, returncode=EXIT_USAGE)
+        self.stdout.write(answer.text())
 
     def run(self, options: dict[str, Any]) -> None:
         """Run a job now in this process; exit status 0 only if it succeeded."""
@@ -228,7 +207,7 @@ class Command(BaseCommand):
         except (AnarchonError, OSError) as exc:
             raise CommandError(f"{name}: could not run: {store_error(exc)}",
                                returncode=EXIT_FAILED) from exc
-        self.stdout.write(format_runs([run]))
+        self.stdout.write(format_history([run]))
         if run.status != "success":
             raise CommandError(f"{name}: {run.status}: {run.error or 'no error text'}",
                                returncode=EXIT_FAILED)
@@ -277,7 +256,7 @@ class Command(BaseCommand):
 
     def worker(self, options: dict[str, Any]) -> None:
         """Run the project's scheduler until SIGTERM/SIGINT, then stop with hand-over."""
-        _ensure_logging(options.get("verbosity", 1))
+        _ensure_logging(options.get("verbosity", 1), options.get("log_format", "text"))
         scheduler = runtime.get_scheduler()
         if options.get("metrics_port") is not None:
             from anarchon_core.metrics.prometheus import serve_metrics  # noqa: PLC0415
@@ -338,18 +317,19 @@ async def _work(scheduler: Scheduler, names: list[str]) -> None:
     log.info("anarchon worker %s stopped", scheduler.instance_id)
 
 
-def _ensure_logging(verbosity: int) -> None:
+def _ensure_logging(verbosity: int, log_format: str = "text") -> None:
     """Show the worker's log lines when the project's LOGGING does not route them.
 
     A project whose LOGGING configures the ``anarchon`` logger or the root logger decides
     itself; otherwise the lines go to stderr (INFO; DEBUG with ``-v 2``; WARNING with
-    ``-v 0``).
+    ``-v 0``). ``--log-format json`` always sends the ``anarchon.*`` lines to stderr as
+    one JSON object per line, instead of through the project's handlers.
     """
     logger = logging.getLogger("anarchon")
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    if log_format == "json":
+        install_log_handler("json", level=level, replace=True)
+        return
     if logger.handlers or logging.getLogger().handlers:
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(level)
+    install_log_handler("text", level=level)
