@@ -1,4 +1,4 @@
-"""``python -m anarchon_celery history -A proj ENTRY``: who sent each slot, and the task id.
+"""``python -m anarchon_celery history -A proj [ENTRY]``: who sent each slot, and the task id.
 
 Reads the store the app's ``anarchon_*`` settings name (read-only use: nothing is
 claimed), newest slot first.
@@ -7,49 +7,50 @@ claimed), newest slot first.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 
 from celery.app.utils import find_app  # type: ignore[import-untyped]
 
-from anarchon_core import AnarchonError, Run
+from anarchon_core import AnarchonError, Scheduler
+from anarchon_core.cli.history import HistoryAnswer, add_history_options, read_history
 
 from .settings import Settings
 
-__all__ = ["format_runs", "main"]
-
-
-def format_runs(runs: Sequence[Run]) -> str:
-    """A text table: slot, attempt, status, the beat that sent it and the task id."""
-    lines = [f"{'slot (UTC)':<24} {'attempt':>7} {'status':<11} {'beat':<28} task id / error"]
-    for run in runs:
-        when = run.scheduled_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        tail = run.meta.get("task_id") or run.error or ""
-        lines.append(f"{when:<24} {run.attempt:>7} {run.status:<11} {run.runner:<28} {tail}")
-    return "\n".join(lines)
+__all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m anarchon_celery``."""
     parser = argparse.ArgumentParser(prog="python -m anarchon_celery")
     sub = parser.add_subparsers(dest="command", required=True)
-    history = sub.add_parser("history", help="the runs of one beat_schedule entry")
+    history = sub.add_parser("history", help="the runs of the beat_schedule entries, newest "
+                             "first (times in UTC)")
     history.add_argument("-A", "--app", required=True, help="the Celery app, as for celery -A")
-    history.add_argument("entry", help="the entry's name in beat_schedule")
-    history.add_argument("-n", "--limit", type=int, default=20)
+    add_history_options(history, job_help="only this beat_schedule entry's runs (default: "
+                                          "every entry's)")
     args = parser.parse_args(argv)
     try:
         app = find_app(args.app)
         core = Settings.from_app(app).make_scheduler("reader")
-        try:
-            runs = core.sync.history(args.entry, args.limit)
-        finally:
-            core.sync.stop()
+        answer = asyncio.run(_read(core, args))
     except AnarchonError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_runs(runs) if runs else f"no history for {args.entry!r}")
+    if answer.unknown:
+        print(f"error: {answer.message}", file=sys.stderr)
+        return 2
+    print(answer.text())
     return 0
+
+
+async def _read(core: Scheduler, args: argparse.Namespace) -> HistoryAnswer:
+    try:
+        return await read_history(core, args.job, args.limit, status=args.status,
+                                  runner=args.runner)
+    finally:
+        await core.stop()
 
 
 if __name__ == "__main__":

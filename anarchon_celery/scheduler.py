@@ -34,6 +34,7 @@ from anarchon_core import (
     StoreUnavailable,
 )
 from anarchon_core import Scheduler as CoreScheduler
+from anarchon_core.logjson import install_log_handler
 
 from . import tracking
 from .entries import ENTRY_OPTIONS_KEY, JobSpec, job_spec, publish_options
@@ -266,6 +267,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     def setup_schedule(self) -> None:
         """Read ``beat_schedule``, register every entry, and start the core scheduler."""
         super().setup_schedule()
+        if self.settings.log_format == "json":
+            # At the level Celery's -l set on the root logger.
+            install_log_handler("json", level=logging.getLogger().getEffectiveLevel(),
+                                replace=True)
         core = self.settings.make_scheduler("beat")
         self.core = core
         if self.settings.metrics_port is not None:

@@ -23,6 +23,8 @@ setting                      meaning (default)
 ``anarchon_publish_threads`` threads publishing tasks (1)
 ``anarchon_metrics_port``    serve the beat's Prometheus metrics on this port (None: off)
 ``anarchon_metrics_addr``    address for the metrics port (``0.0.0.0``)
+``anarchon_log_format``      ``"json"``: the beat's ``anarchon.*`` log lines as one JSON object
+                             per line with the run's fields (``"text"``)
 ===========================  ====================================================================
 
 Any other ``anarchon_*`` key in the app's configuration is refused (a misspelled setting
@@ -42,6 +44,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from anarchon_core import Backend, ConfigError, Scheduler, backend_from_url, mask_url
+from anarchon_core.logjson import validate_log_format
 from anarchon_core.options import LEASE_ONLY_OPTIONS, JobOptions
 
 from .entries import JOB_OPTIONS
@@ -55,6 +58,7 @@ SETTINGS = (
     *(f"anarchon_{name}" for name in JOB_OPTIONS),
     "anarchon_instance_id", "anarchon_track_tasks", "anarchon_track_timeout_ms",
     "anarchon_publish_threads", "anarchon_metrics_port", "anarchon_metrics_addr",
+    "anarchon_log_format",
 )
 _OURS = "anarchon_"
 
@@ -179,6 +183,7 @@ class Settings:
     publish_threads: int = 1
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
+    log_format: str = "text"
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -237,6 +242,8 @@ class Settings:
             metrics_port=_metrics_port(app.conf.get("anarchon_metrics_port")),
             metrics_addr=_text("anarchon_metrics_addr",
                                _conf(app, "anarchon_metrics_addr", "0.0.0.0")),
+            log_format=validate_log_format(_conf(app, "anarchon_log_format", "text"),
+                                           setting="anarchon_log_format"),
         )
 
     def make_backend(self) -> Backend:

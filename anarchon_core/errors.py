@@ -28,6 +28,25 @@ class StoreFormatError(AnarchonError):
             f"{supported}; upgrade anarchon on this instance or use another namespace"
         )
 
+class CorruptRecordError(StoreFormatError):
+    """One record of the store cannot be read: a wrong type, a number out of range, bad text.
+
+    Raised where a caller asked for that one record. Where records are read in bulk
+    (history, the paused jobs, the fleet view, the scheduler's own scans), each corrupt
+    record is logged once at WARNING, naming it, and skipped instead. ``key`` names the
+    record (a key, a row, a control record) and ``detail`` says what is wrong with it.
+    """
+
+    def __init__(self, key: str, detail: str) -> None:
+        from .backend import FORMAT_VERSION  # noqa: PLC0415 - backend.py imports this module
+
+        self.key = key
+        self.detail = detail
+        self.found = key
+        self.supported = FORMAT_VERSION
+        AnarchonError.__init__(self, f"{self.code}: corrupt record {key}: {detail}")
+
+
 
 class StoreError(AnarchonError):
     """The store failed or answered something anarchon cannot use (corrupt or foreign data).

@@ -15,7 +15,12 @@ texts every instance of the namespace reads:
   when its set of jobs changes. Instances whose definitions of a job differ (a rolling
   deploy that changed a schedule) are flagged by :class:`FleetStatus`.
 
-This module is the pure part: encoding, decoding, and assembling the status view.
+This module is the pure part: encoding, decoding, and assembling the status view. The
+records are untrusted (any client of the store can write them): a decoder raises
+:class:`~anarchon_core.errors.CorruptRecordError` for a record it cannot read, and the
+readers of many records report each such record once at WARNING and skip it. A corrupt
+``paused:<job>`` record still pauses its job (pausing is the safe side; ``resume``
+deletes it).
 """
 
 from __future__ import annotations
@@ -28,19 +33,24 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .backends.storeerrors import CorruptRecords
 from .durations import format_ms
-from .errors import ConfigError
+from .errors import ConfigError, CorruptRecordError
 from .models import Run
 from .naming import validate_job_name
 from .options import JobOptions
+from .records import MAX_COUNT, corrupt, record_int, record_map, record_ms, record_text
 from .schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
+from .slots import MAX_SLOT
 
 __all__ = [
     "INSTANCE", "JOBS", "PAUSED", "PAUSE_REFRESH_S", "REGISTER_EVERY_S", "FleetStatus",
-    "InstanceInfo", "JobDefinition", "JobStatus", "PauseInfo",
+    "InstanceInfo", "JobDefinition", "JobStatus", "PauseInfo", "decode_jobs", "read_paused",
 ]
 
 log = logging.getLogger("anarchon.fleet")
+#: Control records anarchon cannot read are reported once each, then skipped quietly.
+corrupt_records = CorruptRecords(log)
 
 PAUSED, INSTANCE, JOBS = "paused:", "instance:", "jobs:"
 #: How often every instance re-reads the paused jobs (s).
@@ -67,13 +77,30 @@ class PauseInfo:
 
     @classmethod
     def decode(cls, job: str, text: str) -> PauseInfo:
-        """Read a ``paused:<job>`` record; an unreadable one still means paused."""
+        """Read a ``paused:<job>`` record; :class:`CorruptRecordError` if unreadable."""
         try:
-            data = json.loads(text)
-            return cls(job, str(data.get("by", "?")), int(data.get("at", 0)),
-                       None if data.get("reason") is None else str(data["reason"]))
-        except (ValueError, TypeError, AttributeError):
-            return cls(job, "?", 0, "unreadable pause record")
+            data = record_map(json.loads(text), "record")
+            reason = data.get("reason")
+            return cls(job, record_text(data.get("by", "?"), "by", limit=MAX_REASON),
+                       record_ms(data.get("at", 0), "at", lo=0),
+                       None if reason is None else record_text(reason, "reason"))
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise corrupt(PAUSED + job, exc) from None
+
+
+def read_paused(records: Mapping[str, str]) -> dict[str, PauseInfo]:
+    """The paused jobs of ``paused:<job>`` records (by job name).
+
+    A corrupt record is reported once and still pauses its job, as paused by ``"?"``.
+    """
+    out = {}
+    for job, text in records.items():
+        try:
+            out[job] = PauseInfo.decode(job, text)
+        except CorruptRecordError as exc:
+            corrupt_records.report(f"control record {exc.key}", job, text, exc.detail)
+            out[job] = PauseInfo(job, "?", 0, "unreadable pause record")
+    return out
 
 
 def validate_reason(reason: object) -> str | None:
@@ -112,17 +139,20 @@ class JobDefinition:
 
     def next_slot(self, after_ms: int) -> int | None:
         """The first slot after ``after_ms`` (None if the schedule cannot be rebuilt)."""
+        slot: int | None = None
         try:
             if "every" in self.spec:
-                return EverySchedule(timedelta(milliseconds=int(self.spec["every"])),
-                                     timedelta(milliseconds=int(self.spec.get("offset", 0)))
-                                     ).next_after(after_ms)
-            if "cron" in self.spec:
-                return CronSchedule(str(self.spec["cron"]),
-                                    str(self.spec.get("tz", "UTC"))).next_after(after_ms)
-        except (ConfigError, ValueError, TypeError):
+                every = record_int(self.spec["every"], "every", 1, MAX_SLOT)
+                offset = record_int(self.spec.get("offset", 0), "offset", 0, every - 1)
+                slot = EverySchedule(timedelta(milliseconds=every),
+                                     timedelta(milliseconds=offset)).next_after(after_ms)
+            elif "cron" in self.spec:
+                slot = CronSchedule(record_text(self.spec["cron"], "cron", limit=200),
+                                    record_text(self.spec.get("tz", "UTC"), "tz", limit=100)
+                                    ).next_after(after_ms)
+        except (ConfigError, ValueError, TypeError, OverflowError):
             return None
-        return None
+        return slot if slot is not None and slot <= MAX_SLOT else None
 
 
 def encode_jobs(definitions: Iterable[JobDefinition]) -> str:
@@ -132,19 +162,28 @@ def encode_jobs(definitions: Iterable[JobDefinition]) -> str:
                       separators=(",", ":"), sort_keys=True)
 
 
-def decode_jobs(text: str) -> list[JobDefinition]:
-    """Read a ``jobs:<id>`` record (unreadable entries are left out)."""
+def decode_jobs(instance_id: str, text: str) -> list[JobDefinition]:
+    """Read a ``jobs:<id>`` record: :class:`CorruptRecordError` if it is not readable at all.
+
+    An entry that cannot be read is reported once and left out; the others are returned.
+    """
+    key = JOBS + instance_id
     try:
-        data = json.loads(text)
-    except ValueError:
-        return []
+        data = record_map(json.loads(text), "record")
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise corrupt(key, exc) from None
     out = []
-    for name, entry in data.items() if isinstance(data, dict) else ():
+    for name, entry in data.items():
         try:
-            out.append(JobDefinition(str(name), str(entry["schedule"]), str(entry["digest"]),
-                                     dict(entry.get("spec") or {})))
-        except (KeyError, TypeError, AttributeError):
-            continue
+            fields = record_map(entry, "entry")
+            out.append(JobDefinition(
+                record_text(name, "name", limit=1_000),
+                record_text(fields["schedule"], "schedule", limit=1_000),
+                record_text(fields["digest"], "digest", limit=100),
+                dict(record_map(fields.get("spec") or {}, "spec"))))
+        except (KeyError, ValueError, TypeError) as exc:
+            corrupt_records.report(f"control record {key}", name, repr(entry),
+                                   f"unreadable job definition: {exc!r}")
     return out
 
 
@@ -166,14 +205,17 @@ class InstanceInfo:
                            "jobs": self.jobs})
 
     @classmethod
-    def decode(cls, instance_id: str, text: str) -> InstanceInfo | None:
-        """Read an ``instance:<id>`` record; None if unreadable."""
+    def decode(cls, instance_id: str, text: str) -> InstanceInfo:
+        """Read an ``instance:<id>`` record; :class:`CorruptRecordError` if unreadable."""
         try:
-            data = json.loads(text)
-            return cls(instance_id, str(data["version"]), int(data["started"]),
-                       int(data["seen"]), int(data["expires"]), int(data.get("jobs", 0)))
-        except (ValueError, TypeError, KeyError):
-            return None
+            data = record_map(json.loads(text), "record")
+            return cls(instance_id, record_text(data["version"], "version", limit=100),
+                       record_ms(data["started"], "started", lo=0),
+                       record_ms(data["seen"], "seen", lo=0),
+                       record_ms(data["expires"], "expires", lo=0),
+                       record_int(data.get("jobs", 0), "jobs", 0, MAX_COUNT))
+        except (KeyError, ValueError, TypeError, RecursionError) as exc:
+            raise corrupt(INSTANCE + instance_id, exc) from None
 
 
 @dataclass(frozen=True)
@@ -254,28 +296,43 @@ class FleetStatus:
 def assemble(now_ms: int, instance_records: Mapping[str, str], job_records: Mapping[str, str],
              paused_records: Mapping[str, str], last_runs: Mapping[str, Run | None]
              ) -> tuple[FleetStatus, list[str]]:
-    """Build the fleet view from the records read; also the stale records to delete."""
-    instances, stale = [], []
+    """Build the fleet view from the records read; also the stale records to delete.
+
+    Expired records are stale. A corrupt record is reported once and left out of the view,
+    but not deleted (it may be a newer anarchon's), nor is its instance's ``jobs:`` record.
+    """
+    instances, stale, unreadable = [], [], set()
     for instance_id, text in instance_records.items():
-        info = InstanceInfo.decode(instance_id, text)
-        if info is None or info.expires_at_ms < now_ms:
+        try:
+            info = InstanceInfo.decode(instance_id, text)
+        except CorruptRecordError as exc:
+            corrupt_records.report(f"control record {exc.key}", None, text, exc.detail)
+            unreadable.add(instance_id)
+            continue
+        if info.expires_at_ms < now_ms:
             stale += [INSTANCE + instance_id, JOBS + instance_id]
             continue
         instances.append(info)
     alive = {i.instance_id for i in instances}
-    stale += [JOBS + i for i in job_records if i not in alive and JOBS + i not in stale]
+    stale += [JOBS + i for i in job_records
+              if i not in alive and i not in unreadable and JOBS + i not in stale]
     per_job: dict[str, dict[str, list[str]]] = {}
     texts: dict[str, dict[str, str]] = {}
     specs: dict[str, JobDefinition] = {}
     for instance_id, text in job_records.items():
         if instance_id not in alive:
             continue
-        for definition in decode_jobs(text):
+        try:
+            definitions = decode_jobs(instance_id, text)
+        except CorruptRecordError as exc:
+            corrupt_records.report(f"control record {exc.key}", None, text, exc.detail)
+            continue
+        for definition in definitions:
             per_job.setdefault(definition.name, {}).setdefault(definition.digest,
                                                                []).append(instance_id)
             texts.setdefault(definition.name, {})[definition.digest] = definition.schedule
             specs.setdefault(definition.name, definition)
-    paused = {job: PauseInfo.decode(job, text) for job, text in paused_records.items()}
+    paused = read_paused(paused_records)
     names = sorted(set(per_job) | set(last_runs) | set(paused))
     jobs = []
     for name in names:

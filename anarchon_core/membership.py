@@ -13,6 +13,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from .errors import ReadOnlyError, StoreError, StoreUnavailable, UnsupportedStrategyError
@@ -28,10 +29,12 @@ from .fleet import (
     PauseInfo,
     assemble,
     encode_jobs,
+    read_paused,
 )
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
+    from .supervision import LoopGuard
 
 __all__ = ["FleetMember"]
 
@@ -51,41 +54,53 @@ class FleetMember:
         self._written_jobs: int | None = None
         self._job_count = 0
         self._registered = False
+        self._warned: set[str] = set()
 
     async def read_paused(self) -> dict[str, PauseInfo]:
         """The jobs paused fleet-wide, read now (and kept for the claims that follow)."""
         records = await self._scheduler.backend.read_controls(PAUSED)
-        self.paused = {name[len(PAUSED):]: PauseInfo.decode(name[len(PAUSED):], text)
-                       for name, text in records.items()}
+        self.paused = read_paused({name[len(PAUSED):]: text for name, text in records.items()})
         return dict(self.paused)
 
-    async def loop(self) -> None:
-        """Refresh the paused jobs and this instance's record until the scheduler stops."""
+    async def loop(self, guard: LoopGuard) -> None:
+        """Refresh the paused jobs and this instance's record until the scheduler stops.
+
+        The two are separate items of the loop: one failing never stops the other.
+        """
         scheduler = self._scheduler
-        health = scheduler._health
-        self._started_ms = round(scheduler._now_ms())
+        if not self._started_ms:
+            self._started_ms = round(scheduler._now_ms())
         next_register = 0.0
-        warned = False
         while not scheduler._stopping:
-            sent = time.monotonic()
-            try:
-                await self.read_paused()
-                if time.monotonic() >= next_register:
-                    await self._register()
+            with guard.item("the paused jobs' refresh"):
+                if not await self._step("paused jobs", self.read_paused):
+                    return
+            if time.monotonic() >= next_register:
+                with guard.item("the registry refresh"):
+                    if not await self._step("fleet registry", self._register):
+                        return
                     next_register = time.monotonic() + REGISTER_EVERY_S
-            except (UnsupportedStrategyError, ReadOnlyError) as exc:
-                log.info("no fleet registry or pausing here: %s", exc)
-                return
-            except StoreUnavailable as exc:
-                health.failed("control", exc, sent)
-            except StoreError as exc:  # e.g. a record the store refused: say it, go on
-                if not warned:
-                    log.warning("fleet registry or paused jobs not readable: %s", exc)
-                    warned = True
-            else:
-                health.succeeded("control", sent)
-                warned = False
             await asyncio.sleep(PAUSE_REFRESH_S * random.uniform(0.8, 1.2))
+
+    async def _step(self, what: str, step: Callable[[], Awaitable[object]]) -> bool:
+        """Run one refresh; False when the store keeps no control records (the loop ends)."""
+        health = self._scheduler._health
+        sent = time.monotonic()
+        try:
+            await step()
+        except (UnsupportedStrategyError, ReadOnlyError) as exc:
+            log.info("no fleet registry or pausing here: %s", exc)
+            return False
+        except StoreUnavailable as exc:
+            health.failed("control", exc, sent)
+        except StoreError as exc:  # e.g. a record the store refused: say it, go on
+            if what not in self._warned:
+                log.warning("%s not readable or writable: %s", what, exc)
+                self._warned.add(what)
+        else:
+            health.succeeded("control", sent)
+            self._warned.discard(what)
+        return True
 
     async def _register(self) -> None:
         scheduler = self._scheduler
@@ -105,6 +120,7 @@ class FleetMember:
 
     async def leave(self) -> None:
         """Delete this instance's records (bounded; an expired record is ignored anyway)."""
+        self._started_ms = 0  # a later start() is a new "up since"
         if not self._registered:
             return
         self._registered = False

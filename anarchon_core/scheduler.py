@@ -49,6 +49,7 @@ from .naming import validate_instance_id, validate_job_name
 from .options import DEFAULT_LEASE_MS, JobOptions, validate_history, validate_lease_timings
 from .schedules import CronSchedule, Schedule, every_schedule, ms_to_datetime
 from .slots import slot_from_datetime
+from .supervision import LoopGuard
 from .sync import SyncScheduler
 from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
 from .url import backend_from_url
@@ -473,16 +474,16 @@ class Scheduler:
         self._running, self._stopping = True, False
         self._threads = HandlerThreads(self.handler_threads)
         self._timers.clear()
-        self._spawn(self._clock_loop())
-        self._spawn(self._timer_loop())
+        self._supervise("clock", self._clock_loop)
+        self._supervise("timer", self._timer_loop)
         if self.backend.supports_leases:
-            self._spawn(self._orphan_loop())
-        self._spawn(self._fleet.loop())
+            self._supervise("orphan recovery", self._orphan_loop)
+        self._supervise("fleet", self._fleet.loop)
         with self._jobs_lock:
             jobs = list(self._jobs.values())
         for job in jobs:
             self._start_job(job)
-        self._spawn(self._account_for_downtime(jobs))
+        self._supervise("downtime scan", lambda guard: self._account_for_downtime(jobs, guard))
         log.info("scheduler %s started with %d job(s) on %s", self.instance_id,
                  len(jobs), self.backend.describe())
 
@@ -933,7 +934,7 @@ class Scheduler:
             log.warning("this instance's clock is %.0f ms off the store's; scheduling by "
                         "the store's clock", -self._clock_offset_ms)
 
-    async def _clock_loop(self) -> None:
+    async def _clock_loop(self, guard: LoopGuard) -> None:
         """Re-measure the store's clock every minute, and at once when ours jumps."""
         last_sync = time.monotonic()
         wall, mono = time.time(), time.monotonic()
@@ -945,13 +946,20 @@ class Scheduler:
                 continue
             if abs(jump_ms) >= _CLOCK_JUMP_MS:
                 log.warning("this instance's clock jumped by %.0f ms; re-syncing", jump_ms)
-            try:
-                await self._refresh_clock()
-                last_sync = time.monotonic()
-            except StoreUnavailable as exc:  # keep the last offset
-                log.debug("clock refresh failed: %s", exc)
+            with guard.item("the clock refresh"):
+                try:
+                    await self._refresh_clock()
+                    last_sync = time.monotonic()
+                except StoreUnavailable as exc:  # keep the last offset
+                    log.debug("clock refresh failed: %s", exc)
 
     # ---------------------------------------------------------------- timers and runs
+
+    def _supervise(self, name: str,
+                   body: Callable[[LoopGuard], Coroutine[Any, Any, None]]) -> None:
+        """Run a background loop under a :class:`LoopGuard` (restarted if it fails)."""
+        guard = LoopGuard(name, lambda: self._running and not self._stopping)
+        self._spawn(guard.run(body))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -984,7 +992,7 @@ class Scheduler:
         if self._timers[0] is entry and self._timer_wake is not None:
             self._timer_wake.set()
 
-    async def _timer_loop(self) -> None:
+    async def _timer_loop(self, guard: LoopGuard) -> None:
         """The one timer: claims each job's slots as they come (a heap, not a task per job).
 
         Slots are computed on the store's clock; when it is re-measured and has moved,
@@ -1010,8 +1018,9 @@ class Scheduler:
                     continue  # removed or re-armed since
                 assert job.schedule is not None
                 due.append((job, slot))
-                # A wake-up late by up to the job's jitter still claims its next slot.
-                self._arm(job, job.schedule, max(slot, round(now) - job.options.jitter_ms))
+                with guard.item(f"job {name!r}"):
+                    # A wake-up late by up to the job's jitter still claims its next slot.
+                    self._arm(job, job.schedule, max(slot, round(now) - job.options.jitter_ms))
             if due:
                 self._spawn(self._claim_due(due))
             wait_s = min((timers[0][0] - now) / 1000, _MAX_SLEEP_S) if timers else _MAX_SLEEP_S
@@ -1032,7 +1041,7 @@ class Scheduler:
                 job.generation += 1
                 self._arm(job, job.schedule, now)
 
-    async def _account_for_downtime(self, jobs: list[_Job]) -> None:
+    async def _account_for_downtime(self, jobs: list[_Job], guard: LoopGuard) -> None:
         """On start: record ``missed`` the slots of these jobs that no instance claimed.
 
         A slot after the job's newest record in the store and before now was due while
@@ -1046,22 +1055,31 @@ class Scheduler:
             if first:
                 await asyncio.sleep(1.0)  # thousands of jobs: a gentle background scan
             chunk = firing[first:first + _MISSED_SCAN_CHUNK]
-            now = round(self._now_ms())
-            try:
-                newest = await self.backend.newest_slots([j.name for j in chunk])
-            except StoreUnavailable as exc:
-                log.debug("downtime accounting skipped: %s", exc)
-                return
-            pending = [(job, slot) for job in chunk
-                       if (last := newest.get(job.name)) is not None
-                       and job.schedule is not None
-                       for slot in _slots_between(job.schedule, last, now, _MISSED_PER_JOB)]
-            if not pending:
-                continue
+            with guard.item(f"jobs {chunk[0].name!r} to {chunk[-1].name!r}"):
+                if not await self._account_for_chunk(chunk, guard):
+                    return
+
+    async def _account_for_chunk(self, chunk: list[_Job], guard: LoopGuard) -> bool:
+        """The downtime scan of some jobs; False if the store is unreachable (scan ends)."""
+        now = round(self._now_ms())
+        try:
+            newest = await self.backend.newest_slots([j.name for j in chunk])
+        except StoreUnavailable as exc:
+            log.debug("downtime accounting skipped: %s", exc)
+            return False
+        pending: list[tuple[_Job, int]] = []
+        for job in chunk:
+            last = newest.get(job.name)
+            if last is not None and job.schedule is not None:
+                with guard.item(f"job {job.name!r}"):
+                    pending += [(job, slot) for slot in _slots_between(
+                        job.schedule, last, now, _MISSED_PER_JOB)]
+        if pending:
             closes = max(slot + max(j.options.max_late_ms, j.options.catch_up_ms)
                          + j.options.jitter_ms for j, slot in pending) + _MISSED_MARGIN_MS
             await asyncio.sleep(max(0.0, closes - self._now_ms()) / 1000)
             await self._record_missed(pending, MISSED_DOWN)
+        return True
 
     def _on_store_recovered(self, slots: list[tuple[str, int]]) -> None:
         with self._jobs_lock:
@@ -1236,7 +1254,7 @@ class Scheduler:
         self._health.succeeded("clock", sent)
         return True
 
-    async def _orphan_loop(self) -> None:
+    async def _orphan_loop(self, guard: LoopGuard) -> None:
         """Recover runs whose runner and watchers are all gone (on start, then periodically).
 
         Each period looks at a bounded number of jobs; an expired run is claimed like a
@@ -1254,19 +1272,25 @@ class Scheduler:
                 for job in batch:
                     if self._stopping:
                         return
-                    sent = time.monotonic()
-                    try:
-                        expired = await self.backend.expired_runs(job.name,
-                                                                  _ORPHAN_RUNS_PER_JOB)
-                    except StoreUnavailable as exc:
-                        self._health.failed("expired_runs", exc, sent)
-                        log.debug("orphan scan of %s failed: %s", job.name, exc)
-                        break
-                    self._health.succeeded("expired_runs", sent)
-                    for run in expired:
-                        if not job.is_watching((run.slot, run.manual)):
-                            self._spawn(self._recover(job, run))
+                    with guard.item(f"job {job.name!r}"):
+                        if not await self._scan_orphans(job):
+                            break
             await asyncio.sleep(period * random.uniform(0.75, 1.25))
+
+    async def _scan_orphans(self, job: _Job) -> bool:
+        """Recover the expired runs of one job; False if the store is unreachable."""
+        sent = time.monotonic()
+        try:
+            expired = await self.backend.expired_runs(job.name, _ORPHAN_RUNS_PER_JOB)
+        except StoreUnavailable as exc:
+            self._health.failed("expired_runs", exc, sent)
+            log.debug("orphan scan of %s failed: %s", job.name, exc)
+            return False
+        self._health.succeeded("expired_runs", sent)
+        for run in expired:
+            if not job.is_watching((run.slot, run.manual)):
+                self._spawn(self._recover(job, run))
+        return True
 
     def _orphan_window_ms(self, job: _Job) -> int:
         return max(job.options.max_late_ms, job.options.catch_up_ms) + 2 * self.lease_ms

@@ -3,7 +3,9 @@ beat loop during a store outage. Multi-process runs are in test_celery_beats.py.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -175,6 +177,11 @@ def test_settings_default_to_a_redis_broker_and_refuse_others() -> None:
     with pytest.raises(ConfigError, match="invalid anarchon_metrics_port 70000"):
         anarchon_celery.Settings.from_app(make_app("redis://h", {},
                                                    anarchon_metrics_port=70_000))
+    with pytest.raises(ConfigError, match="invalid anarchon_log_format 'yaml': expected "
+                                          "'text' or 'json'"):
+        anarchon_celery.Settings.from_app(make_app("redis://h", {}, anarchon_log_format="yaml"))
+    assert anarchon_celery.Settings.from_app(
+        make_app("redis://h", {}, anarchon_log_format="json")).log_format == "json"
     with pytest.raises(ConfigError, match="anarchon_track_tasks needs a lease store"):
         anarchon_celery.Settings.from_app(make_app(
             "memory://", {}, anarchon_backend="amqp://127.0.0.1//",
@@ -279,10 +286,14 @@ def test_history_command_shows_the_beat_and_task_id_of_each_slot(
         redis_server: Server, captured: Captured, capsys: pytest.CaptureFixture[str],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
     app = make_app(redis_server.url, {"h": {"task": "t.h", "schedule": 1.0}},
-                   anarchon_lease_ms=2_000)
+                   anarchon_lease_ms=2_000, anarchon_log_format="json")
     module = types.ModuleType("anarchon_history_app")
     module.app = app  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
+    logger = logging.getLogger("anarchon")
+    saved = (list(logger.handlers), logger.propagate, logger.level)
+    root_level = logging.getLogger().level
+    logging.getLogger().setLevel(logging.INFO)  # what celery beat -l info sets
     ours = anarchon_celery.Scheduler(app)
     try:
         assert ours.core is not None
@@ -291,13 +302,25 @@ def test_history_command_shows_the_beat_and_task_id_of_each_slot(
         wait_for(lambda: any(r.status == "success" for r in core.sync.history("h", 5)))
     finally:
         ours.close()
+        logger.handlers[:] = saved[0]
+        logger.propagate, logger.level = saved[1], saved[2]
+        logging.getLogger().setLevel(root_level)
+    # anarchon_log_format="json": the beat's lines, one JSON object each.
+    logged = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    ends = [r for r in logged if r.get("job") == "h" and r.get("status") == "success"]
+    assert ends, logged
+    assert {"slot", "attempt", "runner", "duration_ms"} <= set(ends[0])
     sent = [m["headers"] for m in captured.messages if m["headers"].get("anarchon_job") == "h"]
     assert __main__.main(["history", "-A", f"{module.__name__}:app", "h"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["slot", "(UTC)", "attempt", "status", "beat",
-                                           "task", "id", "/", "error"]
-    assert any(h["id"] in out for h in sent), out
-    assert f"success     {core.instance_id}" in out
+    assert out.splitlines()[0].split() == ["scheduled", "(UTC)", "job", "attempt", "status",
+                                           "ms", "runner", "/", "error", "/", "meta"]
+    assert any(f"task_id={h['id']}" in out for h in sent), out
+    assert re.search(rf" success +\d* +{re.escape(core.instance_id)}  ", out), out
+    assert __main__.main(["history", "-A", f"{module.__name__}:app", "-n", "1"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert __main__.main(["history", "-A", f"{module.__name__}:app", "nope"]) == 2
+    assert "no runs of 'nope'; the store holds runs of 1 job(s): h" in capsys.readouterr().err
 
 
 def test_beat_loop_never_waits_on_an_unreachable_store(

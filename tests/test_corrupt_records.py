@@ -3,6 +3,7 @@ a run start twice. Each test writes garbage into its own namespace of a real sto
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -289,3 +290,76 @@ async def test_nats_messages_that_are_not_records_are_skipped(
         assert (await backend.claim(req(slot, "other"))).won
     finally:
         await backend.stop()
+
+
+# -- the downtime scan --------------------------------------------------------------------
+
+
+async def missed_slots_are_recorded_despite(backend: Backend,
+                                            corrupt: Callable[[int], object]) -> None:
+    """Job ``a`` holds a corrupt record of its newest slot; job ``b``'s downtime is recorded."""
+    from anarchon_core import Scheduler  # noqa: PLC0415
+
+    await backend.start()
+    now = await backend.clock_ms()
+    last = now - now % 1_000 - 8_000
+    r = req(last, "b")
+    assert (await backend.claim(ClaimRequest(job="b", slot=last, token=r.token, runner="a",
+                                             lease_ms=5_000, max_late_ms=10**9))).won
+    assert await backend.finish(RunRef("b", last, r.token, 1), "success")
+    await backend.claim(ClaimRequest(job="a", slot=last, token=new_token(), runner="a",
+                                     lease_ms=5_000, max_late_ms=10**9))
+    corrupt(last)
+    scheduler = Scheduler(backend)
+    for job in ("a", "b"):
+        scheduler.every(job, "1s", lambda ctx: None, max_late_ms=300, jitter_ms=0)
+    await scheduler.start()
+    try:
+        missed: list[int] = []
+        for _ in range(100):
+            missed = [x.slot for x in await backend.history("b", 50) if x.status == "missed"]
+            if missed:
+                break
+            await asyncio.sleep(0.1)
+        assert missed and min(missed) == last + 1_000, "job b's downtime was never recorded"
+    finally:
+        await scheduler.stop()
+        await backend.stop()
+
+
+async def test_sqlite_a_row_with_a_text_slot_never_stops_the_downtime_scan(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sqlite3  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(str(tmp_path)) / "cron.db"
+
+    def corrupt(slot: int) -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE runs SET slot = 'abc' WHERE job = 'a'")
+
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        await missed_slots_are_recorded_despite(SqliteBackend(path, table="runs"), corrupt)
+    assert warnings_about(caplog, "unreadable newest slot") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_redis_a_slot_member_that_is_no_number_never_stops_the_downtime_scan(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def corrupt(slot: int) -> None:
+        with redis.Redis.from_url(SHARED_URL) as client:
+            client.zadd(f"{{{namespace}:a}}:slots", {"\u00b2": slot + 10**6})  # isdigit()
+
+    backend = RedisBackend(SHARED_URL, prefix=f"{namespace}:")
+    try:
+        with caplog.at_level(logging.WARNING, logger="anarchon"):
+            await missed_slots_are_recorded_despite(backend, corrupt)
+    finally:
+        with redis.Redis.from_url(SHARED_URL) as client:
+            keys = client.keys(f"*{namespace}*")
+            if keys:
+                client.delete(*keys)
+    assert warnings_about(caplog, "unreadable slot") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -42,6 +42,7 @@ from ..models import (
     RunRef,
 )
 from ..readmodel import STATUS_SQL, finish_page, load_meta, read_status, validate_query
+from ..records import MAX_COUNT, record_int, record_ms, record_text
 from ..schedules import ms_to_datetime
 from .common import check_format_value, trim_drawn
 from .storeerrors import CorruptRecords
@@ -491,11 +492,13 @@ def expired_steps(job: str, limit: int) -> Generator[Step, Any, list[ExpiredRun]
     out = []
     for slot, attempt, manual, lease_until in rows:
         try:
-            out.append(ExpiredRun(job, int(slot), int(attempt), bool(manual),
-                                  None if lease_until is None else int(lease_until)))
-        except (TypeError, ValueError):
+            out.append(ExpiredRun(job, record_ms(slot, "slot"),
+                                  record_int(attempt, "attempt", 1, MAX_COUNT), bool(manual),
+                                  None if lease_until is None
+                                  else record_ms(lease_until, "lease_until")))
+        except ValueError as exc:
             corrupt_records.report("table row", job, f"slot {slot!r} attempt {attempt!r}",
-                                   "unreadable slot or attempt")
+                                   f"unreadable expired run: {exc}")
     return out
 
 
@@ -559,10 +562,22 @@ def control_read_steps(prefix: str) -> Generator[Step, Any, dict[str, str]]:
 
 def newest_slots_steps(jobs: Sequence[str]
                        ) -> Generator[list[Step], Any, dict[str, int | None]]:
-    """The newest scheduled slot of each job, one statement each, all in one round trip."""
+    """The newest scheduled slot of each job, one statement each, all in one round trip.
+
+    A job whose newest slot is not a readable slot (a corrupt row) is reported and answers
+    None, like a job with no record; the other jobs are unaffected.
+    """
     replies = yield [Step("newest_slot", {"job": job}) for job in jobs]
-    return {job: int(rows[0][0]) if rows and rows[0][0] is not None else None
-            for job, rows in zip(jobs, replies, strict=True)}
+    out: dict[str, int | None] = {}
+    for job, rows in zip(jobs, replies, strict=True):
+        value = rows[0][0] if rows else None
+        try:
+            out[job] = None if value is None else record_ms(value, "slot")
+        except ValueError as exc:
+            corrupt_records.report("table row", job, f"slot {value!r}",
+                                   f"unreadable newest slot: {exc}")
+            out[job] = None
+    return out
 
 
 def job_names_steps() -> Generator[Step, Any, dict[str, Run | None]]:
@@ -583,12 +598,18 @@ def rows_to_runs(rows: list[Any], now: int) -> list[Run]:
                 manual, lease, meta = row
             if stored_status not in FINISHED_STATUSES and stored_status != "running":
                 raise ValueError(f"unknown status {stored_status!r}")
-            status, error = read_status(stored_status, stored_error,
-                                        int(lease) if lease is not None else None, now)
+            status, error = read_status(
+                stored_status,
+                None if stored_error is None else record_text(stored_error, "error"),
+                record_ms(lease, "lease_until") if lease is not None else None, now)
             runs.append(Run(
-                job=job, slot=int(slot), attempt=int(attempt), status=status, runner=runner,
-                started_at=ms_to_datetime(int(started)) if started is not None else None,
-                finished_at=ms_to_datetime(int(finished)) if finished is not None else None,
+                job=record_text(job, "job"), slot=record_ms(slot, "slot"),
+                attempt=record_int(attempt, "attempt", 1, MAX_COUNT), status=status,
+                runner=record_text(runner, "runner"),
+                started_at=ms_to_datetime(record_ms(started, "started_at"))
+                if started is not None else None,
+                finished_at=ms_to_datetime(record_ms(finished, "finished_at"))
+                if finished is not None else None,
                 error=error, manual=bool(manual), meta=load_meta(meta),
             ))
         except (TypeError, ValueError, OverflowError, StoreError) as exc:

@@ -156,13 +156,17 @@ class CorruptRecords:
         self._seen: set[tuple[str, str]] = set()
         self._limit = limit
 
-    def report(self, key: str, job: str, record: str, detail: str) -> None:
-        """Log that ``record`` in ``key`` (of ``job``) is corrupt and was skipped."""
+    def report(self, key: str, job: str | None, record: str, detail: str) -> None:
+        """Log that ``record`` in ``key`` (of ``job``, if it has one) is corrupt and skipped."""
         marker = (key, record[:200])
         if marker in self._seen:
             return
         if len(self._seen) >= self._limit:
             self._seen.clear()
         self._seen.add(marker)
-        self._log.warning("job %r: skipping a corrupt record in %s (%s): %.200r",
-                          job, key, detail, record)
+        if job is None:
+            self._log.warning("skipping a corrupt record in %s (%s): %.200r", key, detail,
+                              record)
+        else:
+            self._log.warning("job %r: skipping a corrupt record in %s (%s): %.200r",
+                              job, key, detail, record)

@@ -34,6 +34,7 @@ from ...errors import ConfigError, StoreNotSetUp, UnsupportedStrategyError
 from ...models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ...naming import validate_job_name, validate_prefix
 from ...readmodel import dump_meta, history_reader, page_jobs
+from ...records import record_ms
 from ...url import check_redis_url, mask_url, split_namespace_params
 from ..common import check_format_value, parse_flag, refuse_write, time_ms
 from ..storeerrors import StoreErrors
@@ -49,6 +50,7 @@ from .clients import (
     open_client,
 )
 from .keys import redis_key
+from .lease import corrupt_records
 from .stores import RedisStore, store_for
 from .strategies import (
     Idmp,
@@ -352,8 +354,9 @@ class RedisBackend(Backend):
                 raise reply
             members = [str(m) for m in reply or []]
             scheduled = next((m for m in members if not m.startswith("m")), None)
-            if scheduled is not None and scheduled.isdigit():
-                out[job] = int(scheduled)
+            slot = _newest_slot(self.prefix, job, scheduled)
+            if slot is not None:
+                out[job] = slot
             elif len(members) < 5:
                 out[job] = None
             else:
@@ -420,6 +423,18 @@ def server_label(info: Mapping[str, str]) -> str:
     if "valkey_version" in info or info.get("server_name", "").lower() == "valkey":
         return f"Valkey {info.get('valkey_version', info.get('redis_version', '?'))}"
     return f"Redis {info.get('redis_version', '?')}"
+
+
+def _newest_slot(prefix: str, job: str, member: str | None) -> int | None:
+    """The slot a ``{..}:slots`` member names; None (reported) if it is not a slot."""
+    if member is None:
+        return None
+    try:
+        return record_ms(member, "slot")
+    except ValueError as exc:
+        corrupt_records.report(redis_key(prefix, "slots", job, tagged=True), job, member,
+                               f"unreadable slot: {exc}")
+        return None
 
 
 def _version(text: str) -> tuple[int, ...]:

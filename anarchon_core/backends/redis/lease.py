@@ -28,6 +28,7 @@ from ...models import (
     RunRef,
 )
 from ...readmodel import load_meta, read_status
+from ...records import MAX_COUNT, record_int, record_ms
 from ...schedules import ms_to_datetime
 from ..common import trim_drawn
 from ..storeerrors import CorruptRecords
@@ -154,8 +155,9 @@ async def lease_expired(conn: Commands, prefix: str, job: str, limit: int) -> li
         text = str(rid)
         manual = text.startswith("m")
         try:
-            until = int(lease)
-            out.append(ExpiredRun(job, int(text[1:] if manual else text), int(attempt), manual,
+            until = record_int(lease, "lease", -1, 2**63)
+            out.append(ExpiredRun(job, record_ms(text[1:] if manual else text, "slot"),
+                                  record_int(attempt, "attempt", 1, MAX_COUNT), manual,
                                   until if until >= 0 else None))
         except ValueError:
             _report_states(conn, prefix, job, [text])
@@ -175,14 +177,15 @@ def _record(text: Any) -> dict[str, Any]:
 
 
 def _ms(value: Any) -> int | None:
-    return int(value) if value not in (None, "") else None
+    return record_ms(value, "time") if value not in (None, "") else None
 
 
 def _run(job: str, slot: int, manual: bool, rec: dict[str, Any], *, status: str,
          error: str | None) -> Run:
     started, finished = _ms(rec.get("b")), _ms(rec.get("f"))
     return Run(
-        job=job, slot=slot, attempt=int(rec["a"]), status=status, runner=str(rec.get("r", "")),
+        job=job, slot=slot, attempt=record_int(rec["a"], "attempt", 1, MAX_COUNT),
+        status=status, runner=str(rec.get("r", "")),
         started_at=ms_to_datetime(started) if started is not None else None,
         finished_at=ms_to_datetime(finished) if finished is not None else None,
         error=error, manual=manual, meta=load_meta(rec.get("m")),
@@ -204,7 +207,7 @@ async def lease_history(conn: Commands, prefix: str, job: str, limit: int, *,
     for entry in reply[1:]:
         try:
             rid, slot_text, raw, results = entry
-            slot, manual = int(float(slot_text)), str(rid).startswith("m")
+            slot, manual = record_ms(float(slot_text), "slot"), str(rid).startswith("m")
         except _UNREADABLE as exc:
             corrupt_records.report(redis_key(prefix, "slots", job, tagged=True), job,
                                    repr(entry), f"unreadable run: {exc!r}")
