@@ -80,7 +80,7 @@ async def test_claim_only_stores_keep_records_or_say_which_stores_do(
             assert await backend.read_controls("paused:") == {"paused:job": "x"}
             return
         with pytest.raises(UnsupportedStrategyError,
-                           match="need Redis/Valkey, PostgreSQL or SQLite$"):
+                           match=r"need Redis/Valkey, PostgreSQL or SQLite$"):
             await backend.write_control("paused:job", "x")
         with pytest.raises(UnsupportedStrategyError, match="pausing jobs and the fleet view"):
             await backend.read_controls("paused:")
