@@ -447,6 +447,9 @@ class ClaimHandle:
         if self.timings is None:
             self.ended = True
             return False
+        # No heartbeat from here on: one answered after the release would hand the lease
+        # back to a runner that is leaving (the store refuses it too: decision.update_applies).
+        self._stop_keeping()
         return await self._end(self.backend.release, (self.ref,), "handed over", "release",
                                outcome={"status": "interrupted", "error": "handed over"})
 

@@ -34,6 +34,26 @@ Heartbeat, finish and release act only while the run is ``running`` with the cal
 token; any other token is fenced out and the call reports ``False``. Release (hand-over on
 stop) expires the lease at once and notes :data:`HANDED_OVER` as the attempt's error, which
 the takeover keeps when it marks the attempt ``interrupted``.
+
+A release is final. Once an attempt's error is :data:`HANDED_OVER` its lease stays
+expired: a heartbeat or finish of that attempt reports ``False`` and changes nothing (one
+sent beside the release, or batched after it, must not give the lease back to a runner
+that is leaving), so the next claim takes over at once. Only a release retried with the
+same token (its first answer lost) is answered ``True`` again. :func:`update_applies` is
+the rule; the SQL statements and the Redis ``lease_update`` script apply the same test.
+
+=====================  ========================================  =====================
+update                 acts when the current attempt is          write → answer
+=====================  ========================================  =====================
+heartbeat              ``running``, the caller's token, not      lease = now + lease
+                       released                                  → ``True``
+finish                 ``running``, the caller's token, not      the end → ``True``
+                       released
+release                ``running``, the caller's token           lease = now, error
+                                                                 :data:`HANDED_OVER`
+                                                                 → ``True``
+any                    otherwise                                 none → ``False``
+=====================  ========================================  =====================
 """
 
 from __future__ import annotations
@@ -43,7 +63,7 @@ from dataclasses import dataclass
 
 from .models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest
 
-__all__ = ["Action", "Decision", "RunState", "decide", "needs_overlap_check"]
+__all__ = ["Action", "Decision", "RunState", "decide", "needs_overlap_check", "update_applies"]
 
 LEASE_EXPIRED = "lease expired: the runner stopped heartbeating"
 GAVE_UP = "lease expired: the runner stopped heartbeating; max_attempts reached"
@@ -83,6 +103,23 @@ class Decision:
     lease_until_ms: int | None = None
     #: The status a ``SKIP`` records: ``skipped``, or ``missed`` for a missed request.
     status: str = "skipped"
+
+
+#: The lease updates of :func:`update_applies`.
+UPDATES = ("heartbeat", "finish", "release")
+
+
+def update_applies(update: str, status: str, error: str | None, token_matches: bool) -> bool:
+    """Whether a heartbeat, finish or release acts on the current attempt (the table above).
+
+    ``status`` and ``error`` are the current attempt's; ``token_matches`` says whether the
+    caller holds its token (and attempt number).
+    """
+    if update not in UPDATES:
+        raise ValueError(f"unknown lease update {update!r}: expected one of {UPDATES}")
+    if status != "running" or not token_matches:
+        return False
+    return update == "release" or error != HANDED_OVER
 
 
 def needs_overlap_check(request: ClaimRequest, state: RunState | None) -> bool:

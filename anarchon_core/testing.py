@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .backend import Backend
 from .backends.common import refuse_write
-from .decision import HANDED_OVER, Action, RunState, decide, needs_overlap_check
+from .decision import HANDED_OVER, Action, RunState, decide, needs_overlap_check, update_applies
 from .models import (
     ClaimOutcome,
     ClaimRequest,
@@ -140,19 +140,19 @@ class MemoryBackend(Backend):
                     self._runs[key][-1].status != "running":
                 del self._runs[key]
 
-    def _current(self, ref: RunRef) -> _Attempt | None:
+    def _current(self, ref: RunRef, update: str) -> _Attempt | None:
+        """The attempt ``update`` acts on (:func:`~anarchon_core.decision.update_applies`)."""
         attempts = self._runs.get((ref.job, ref.slot, ref.manual))
         if not attempts:
             return None
         last = attempts[-1]
-        if last.token != ref.token or last.attempt != ref.attempt or last.status != "running":
-            return None
-        return last
+        mine = last.token == ref.token and last.attempt == ref.attempt
+        return last if update_applies(update, last.status, last.error, mine) else None
 
     async def heartbeat(self, ref: RunRef, lease_ms: int) -> bool:
         """Extend the lease if ``ref`` is the current attempt."""
         refuse_write(self, "heartbeat")
-        current = self._current(ref)
+        current = self._current(ref, "heartbeat")
         if current is None:
             return False
         current.lease_until = self._clock() + lease_ms
@@ -163,7 +163,7 @@ class MemoryBackend(Backend):
         """Record the end (and ``meta``) if ``ref`` is the current attempt."""
         refuse_write(self, "finish")
         stored_meta = dump_meta(meta)
-        current = self._current(ref)
+        current = self._current(ref, "finish")
         if current is None:
             return False
         current.status, current.error, current.meta = status, error, stored_meta
@@ -173,7 +173,7 @@ class MemoryBackend(Backend):
     async def release(self, ref: RunRef) -> bool:
         """Expire the lease now (hand-over)."""
         refuse_write(self, "release")
-        current = self._current(ref)
+        current = self._current(ref, "release")
         if current is None:
             return False
         current.lease_until, current.error = self._clock(), HANDED_OVER

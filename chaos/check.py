@@ -118,6 +118,9 @@ class JobReport:
     takeovers: int = 0
     takeover_delays_ms: list[float] = field(default_factory=list)
     handover_delays_ms: list[float] = field(default_factory=list)
+    #: Hand-overs not taken over within lease/2 of the runner's handler returning, with no
+    #: other fault or store outage meanwhile (a release undone looks like this).
+    slow_handovers: list[str] = field(default_factory=list)
     early_takeovers: list[str] = field(default_factory=list)
     takeover_causes: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
@@ -176,6 +179,7 @@ class BackendReport:
             out += [f"{j.name}: fenced side effect after takeover {d}" for d in j.fenced_effects]
             out += [f"{j.name}: takeover before lease expiry {d}" for d in j.early_takeovers]
             out += [f"{j.name}: two attempts ran at once {d}" for d in j.overlaps]
+            out += [f"{j.name}: slow hand-over {d}" for d in j.slow_handovers]
         out += self.skew_problems
         out += self.fault_problems
         return out
@@ -414,9 +418,14 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
         by_slot[r.slot].append(r)
     starts: dict[int, list[LedgerEntry]] = defaultdict(list)
     ends: dict[int, list[LedgerEntry]] = defaultdict(list)
+    #: When each attempt's handler returned, in the harness's wall time.
+    exits: dict[tuple[int, int], float] = {}
     for e in entries:
         if e.event in ("start", "end"):
             (starts if e.event == "start" else ends)[e.slot].append(e)
+        elif e.event == "exit" and not e.manual:
+            exits[(e.slot, e.attempt)] = (clock.wall(e.mono_ns) if e.mono_ns is not None
+                                          else e.time_ms)
 
     due = _grid(interval, spec.get("offset_ms", 0), *window)
     report.due = len(due)
@@ -460,7 +469,8 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
                 f"'interrupted' ({runs[-1].error}) and no backup took over")
         if leases:
             _check_takeovers(report, slot, runs, starts.get(slot, []), lease_ms=lease_ms,
-                             heartbeat_ms=heartbeat_ms, events=events, store_down=store_down)
+                             heartbeat_ms=heartbeat_ms, events=events, store_down=store_down,
+                             exits=exits)
         elif any(r.attempt > 1 for r in runs):
             report.dup_success.append(f"slot {slot}: attempt > 1 on a claim-only backend")
         _check_timing(report, slot, starts.get(slot, []), leases=leases, max_late=max_late,
@@ -589,7 +599,8 @@ def _check_attempts(report: JobReport, slot: int, runs: list[HistoryRun],
 
 def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
                      starts: list[LedgerEntry], *, lease_ms: int, heartbeat_ms: int,
-                     events: list[FaultEvent], store_down: list[tuple[float, float]]) -> None:
+                     events: list[FaultEvent], store_down: list[tuple[float, float]],
+                     exits: dict[tuple[int, int], float] | None = None) -> None:
     known = {r.attempt: r for r in runs}
     for r in runs:
         if r.attempt < 2:
@@ -607,6 +618,10 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             report.takeover_causes["hand-over (SIGTERM)"] += 1
             if faults and faults[-1].kind == "stop":
                 report.handover_delays_ms.append(taken - faults[-1].wall_ms)
+            returned = (exits or {}).get((slot, prev.attempt))
+            if "handed over" in (prev.error or "") and returned is not None:
+                _check_handover(report, slot, r.attempt, returned, taken, runner=pid,
+                                lease_ms=lease_ms, events=events, store_down=store_down)
             continue
         if prev.started_ms is not None and prev.started_ms < slot - EARLY_TOLERANCE_MS:
             # Claimed before its time: no backup watches a slot before it is due, so the
@@ -652,6 +667,32 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             report.takeover_causes["store restart or failover"] += 1
         else:
             report.takeover_causes["other (heartbeats late: CPU or store latency)"] += 1
+
+
+#: Fault-log events that can delay a takeover for reasons of their own.
+_DISRUPTIONS = frozenset({"kill", "pause", "stop", "store_down", "skew_step", "partition",
+                          "failover"})
+
+
+def _check_handover(report: JobReport, slot: int, attempt: int, returned: float, taken: float,
+                    *, runner: int | None, lease_ms: int, events: list[FaultEvent],
+                    store_down: list[tuple[float, float]]) -> None:
+    """Judge a hand-over: a backup's next check takes a released run, within lease/2.
+
+    Not judged when another fault (a backup killed or paused, the store down) came between.
+    """
+    if taken - returned <= lease_ms / 2:
+        return
+    # A fault up to a lease before the hand-over may still hold a backup back (a pause).
+    since = returned - lease_ms
+    if _overlaps(store_down, since, taken) or any(
+            since <= e.wall_ms <= taken and not (e.pid == runner and e.kind == "stop")
+            for e in events if e.kind in _DISRUPTIONS):
+        return
+    report.slow_handovers.append(
+        f"slot {slot}: attempt {attempt} started {taken - returned:.0f} ms after attempt "
+        f"{attempt - 1}'s handler returned and handed over (lease {lease_ms} ms: the release "
+        "was undone or no backup watched)")
 
 
 def _lease_ending_fault(faults: list[FaultEvent], events: list[FaultEvent],

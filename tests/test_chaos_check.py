@@ -7,7 +7,8 @@ lists it apart; the same two side effects without that partition are a duplicate
 the run.
 
 A takeover's delay: judged from the pause that ended the lease, not from a later one, and
-from the claim for an attempt whose handler never started.
+from the claim for an attempt whose handler never started. A hand-over (SIGTERM): taken
+over within lease/2 of the runner's handler returning, or it is a problem.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ Line = tuple[str, int, int]
 
 def _write_run(workdir: Path, *, backend: str, interval_ms: int, max_late_ms: int,
                events: list[Event], ledger: dict[int, list[Line]], taken_at: int,
-               first_end: int, second_end: int) -> Path:
+               first_end: int, second_end: int,
+               first_error: str = "lease expired: the runner stopped heartbeating") -> Path:
     """A saved run of job ``work``: attempt 1 (pid 1) from 5 ms after the slot, ended
     ``interrupted`` when attempt 2 (pid 2) took over at ``taken_at`` (events, ledger lines
     and times in ms after the slot)."""
@@ -64,7 +66,7 @@ def _write_run(workdir: Path, *, backend: str, interval_ms: int, max_late_ms: in
             for event, attempt, at in lines))
     history = {"work": [
         {"job": "work", "slot": SLOT, "attempt": 1, "status": "interrupted", "runner": "vm:1",
-         "error": "lease expired: the runner stopped heartbeating", "manual": False,
+         "error": first_error, "manual": False,
          "started_at": _iso(SLOT + 5), "finished_at": _iso(SLOT + first_end)},
         {"job": "work", "slot": SLOT, "attempt": 2, "status": "success", "runner": "vm:2",
          "error": None, "manual": False, "started_at": _iso(SLOT + taken_at),
@@ -191,3 +193,39 @@ def test_an_attempt_that_never_started_taken_over_within_its_lease_fails_the_run
     assert "claimed 505 ms before the lease of attempt 1 (pid 1, never started" in \
         job.early_takeovers[0]
     assert any("before the lease" in f for f in report.failures()), report.failures()
+
+
+def _handed_over(workdir: Path, taken_at: int, extra: list[Event] | None = None) -> Path:
+    """Pid 1 is SIGTERMed 1,000 ms after the slot, its handler returns at 1,200 ms and it
+    hands over; attempt 2 (pid 2) starts at ``taken_at``."""
+    events: list[Event] = [("spawn", -5_000, 1, {}), ("spawn", -5_000, 2, {}),
+                           ("stop", 1_000, 1, {}), *(extra or []),
+                           ("settle", 15_000, None, {})]
+    ledger: dict[int, list[Line]] = {
+        1: [("start", 1, 11), ("exit", 1, 1_200)],
+        2: [("start", 2, taken_at + 5), ("end", 2, taken_at + 600),
+            ("exit", 2, taken_at + 601)]}
+    return _write_run(workdir, backend="sqlite", interval_ms=20_000, max_late_ms=19_000,
+                      events=events, ledger=ledger, taken_at=taken_at, first_end=taken_at,
+                      second_end=taken_at + 610,
+                      first_error="handed over: the runner was stopping")
+
+
+def test_a_prompt_hand_over_passes(tmp_path: Path) -> None:
+    report = check_run(_handed_over(tmp_path / "run", taken_at=1_900))
+    [job] = report.jobs
+    assert report.failures() == []
+    assert job.takeover_causes["hand-over (SIGTERM)"] == 1
+
+
+def test_a_hand_over_taken_only_when_the_lease_ran_out_fails_the_run(tmp_path: Path) -> None:
+    report = check_run(_handed_over(tmp_path / "run", taken_at=1_200 + LEASE_MS + 100))
+    [job] = report.jobs
+    assert len(job.slow_handovers) == 1
+    assert any("slow hand-over" in f for f in report.failures()), report.failures()
+
+
+def test_a_slow_hand_over_with_the_backup_paused_is_not_judged(tmp_path: Path) -> None:
+    pause: list[Event] = [("pause", 1_100, 2, {"seconds": 2.5}), ("resume", 3_600, 2, {})]
+    report = check_run(_handed_over(tmp_path / "run", taken_at=3_700, extra=pause))
+    assert report.jobs[0].slow_handovers == []

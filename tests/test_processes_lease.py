@@ -102,25 +102,46 @@ def test_paused_runner_is_fenced_after_takeover(
     assert_exactly_once(entries, "long", history=read_history(url, "long"))
 
 
-def test_stop_hands_over_before_the_lease_expires(
-    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
+def exited(cluster: Cluster, job: str, attempt: int = 1) -> LedgerEntry | None:
+    return next((e for e in cluster.ledger() if e.job == job and e.event == "exit"
+                 and e.attempt == attempt), None)
+
+
+#: How soon a backup starts attempt 2 after the runner's handler returned, at most: its
+#: next check, every 1–2 heartbeats (jitter_ms is 0 here).
+HAND_OVER_HEARTBEAT_MS = 400
+HAND_OVER_BOUND_MS = 1_000
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async-cancelled", "sync-returns"])
+def test_sigterm_hands_a_long_run_over_at_once(
+    persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path,
+    sync: bool,
 ) -> None:
+    """SIGTERM the runner of a long run: a backup starts attempt 2 right after its handler
+    returns (an async handler cancelled after the stop grace, or a sync one that returns on
+    ``ctx.cancelled``), long before the 20 s lease would have expired."""
     url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("long", every="10s", sleep_s=4.0)]
-    with start_instances(url, jobs, 2, tmp_path, lease_ms=20_000, heartbeat_ms=500,
-                         grace_ms=300) as cluster:
+    jobs = [JobSpec("long", every="10s", sleep_s=60.0, sync=sync,
+                    options={"jitter_ms": 0, "overlap": True})]
+    with start_instances(url, jobs, 3, tmp_path, lease_ms=20_000,
+                         heartbeat_ms=HAND_OVER_HEARTBEAT_MS, grace_ms=1_000) as cluster:
         cluster.wait_ready()
         first = wait_for(lambda: started(cluster, "long"), 15, "a run to start")
         runner = next(i for i in cluster.instances if i.pid == first.pid)
-        time.sleep(0.5)
-        stopped_at = now_ms()
+        time.sleep(1.0)
         assert runner.terminate() == 0
+        returned = wait_for(lambda: exited(cluster, "long"), 5, "the handler to return")
         second = wait_for(lambda: started(cluster, "long", attempt=2), 10, "the hand-over")
         cluster.stop_all()
     assert second.slot == first.slot
-    delay = second.time_ms - stopped_at
-    assert delay < 5_000, f"hand-over took {delay} ms; the lease alone would take 20 s"
+    assert second.pid != first.pid
+    assert returned.cancelled == "stopping"
+    delay = second.time_ms - returned.time_ms
+    assert delay <= HAND_OVER_BOUND_MS, (
+        f"attempt 2 started {delay} ms after the handler returned; the lease alone is 20 s")
     runs = [r for r in read_history(url, "long") if r.slot == first.slot]
+    assert [r.attempt for r in runs][-2:] == [2, 1]
     assert runs[-1].status == "interrupted"
     assert "handed over" in (runs[-1].error or "")
 

@@ -42,7 +42,7 @@ __all__ = ["FUNCTION_VERSION", "claim_call", "claim_call_steps", "claim_function
            "update_call_steps", "update_function"]
 
 #: Part of the function's name: a release that changes the function changes it.
-FUNCTION_VERSION = 2
+FUNCTION_VERSION = 3
 #: The statements of :mod:`sqlstore` the function is made of (rendered with ``v_`` names).
 USED_QUERIES = ("lock_job", "lock_jobs", "current", "current_locked", "other_live",
                 "insert_attempt", "end_attempt", "trim", "trim_ttl")

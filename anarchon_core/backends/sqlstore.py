@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, Union
 
 from ..backend import Retention
 from ..batching import CallBatcher, rounds
-from ..decision import Action, Decision, RunState, decide, needs_overlap_check
+from ..decision import HANDED_OVER, Action, Decision, RunState, decide, needs_overlap_check
 from ..errors import StoreError, StoreUnavailable
 from ..models import (
     FINISHED_STATUSES,
@@ -65,6 +65,8 @@ MAX_YIELDS = 10_000
 # ``:lock_keys`` (a list), taken in one fixed order, {meta_col} the meta column (NULL for a
 # table without it) and {set_meta} its assignment in ``finish``. Parameters are :named.
 # The tables themselves are created by :func:`anarchon_core.schema.sql_schema`.
+#: An attempt whose lease was not released (see :func:`~anarchon_core.decision.update_applies`).
+_NOT_RELEASED = f"(error IS NULL OR error <> '{HANDED_OVER}')"
 _COLUMNS = ("job, slot, attempt, status, runner, started_at, finished_at, error, manual, "
             "lease_until, {meta_col}")
 _TEMPLATES: dict[str, str] = {
@@ -100,15 +102,16 @@ _TEMPLATES: dict[str, str] = {
                           finished_at = :now, lease_until = NULL
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND status = 'running'""",
+    # decision.update_applies: a heartbeat or finish never acts on a released attempt.
     "heartbeat": """
         UPDATE {runs} SET lease_until = {now} + :lease_ms
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
-          AND token = :token AND status = 'running'""",
+          AND token = :token AND status = 'running' AND """ + _NOT_RELEASED,
     "finish": """
         UPDATE {runs} SET status = :status, error = :error, finished_at = {now},
                           lease_until = NULL{set_meta}
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
-          AND token = :token AND status = 'running'""",
+          AND token = :token AND status = 'running' AND """ + _NOT_RELEASED,
     "release": """
         UPDATE {runs} SET lease_until = {now}, error = :handed_over
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt

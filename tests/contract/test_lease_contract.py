@@ -211,6 +211,40 @@ async def test_release_hands_over_at_once(lease_backend: Backend) -> None:
     assert (taken.outcome, taken.attempt) == (ClaimOutcome.WON, 2)
 
 
+async def test_a_release_is_final(lease_backend: Backend) -> None:
+    """No heartbeat or finish of a released attempt gives its lease back."""
+    slot = await slot_now(lease_backend)
+    r = req(slot, "a", lease_ms=60_000)
+    await lease_backend.claim(r)
+    assert await lease_backend.release(ref(r, 1))
+    assert not await lease_backend.heartbeat(ref(r, 1), 60_000)
+    assert not await lease_backend.finish(ref(r, 1), "success")
+    assert await lease_backend.release(ref(r, 1)), "a retried release answers True again"
+    taken = await lease_backend.claim(req(slot, "b", lease_ms=60_000))
+    assert (taken.outcome, taken.attempt) == (ClaimOutcome.WON, 2)
+    _, first = await lease_backend.history("job")
+    assert (first.attempt, first.status) == (1, "interrupted")
+
+
+async def test_a_heartbeat_sent_with_the_release_does_not_undo_it(
+        lease_backend: Backend) -> None:
+    """A heartbeat and the release of one attempt sent together (batched, in either order)."""
+    for order in ("release first", "heartbeat first"):
+        job = order.replace(" ", "-")
+        slot = await slot_now(lease_backend)
+        r = req(slot, "a", lease_ms=60_000, job=job)
+        assert (await lease_backend.claim(r)).won
+        release = lease_backend.release(ref(r, 1))
+        beat = lease_backend.heartbeat(ref(r, 1), 60_000)
+        if order == "release first":
+            released, _ = await asyncio.gather(release, beat)
+        else:
+            _, released = await asyncio.gather(beat, release)
+        assert released
+        taken = await lease_backend.claim(req(slot, "b", lease_ms=60_000, job=job))
+        assert (taken.outcome, taken.attempt) == (ClaimOutcome.WON, 2), order
+
+
 async def test_released_run_reads_interrupted_until_taken_over(lease_backend: Backend) -> None:
     slot = await slot_now(lease_backend)
     r = req(slot, "a", lease_ms=60_000)

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - the [redis] extra installs it
     hiredis = None  # type: ignore[assignment]
 
 from ...batching import CallBatcher
-from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, LEASE_EXPIRED, OVERLAP_SKIP
+from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, HANDED_OVER, LEASE_EXPIRED, OVERLAP_SKIP
 from ...errors import ConfigError, StoreError
 from ...url import check_redis_url, mask_url
 from ..storeerrors import STORE, TRANSIENT, Kind, StoreErrors
@@ -119,7 +119,7 @@ def classify(exc: BaseException) -> Kind:
 
 #: Texts the Lua scripts take from Python (``"@NAME@"`` in a script), so that
 #: :mod:`anarchon_core.decision` stays their one source.
-_LUA_CONSTANTS = {"LEASE_EXPIRED": LEASE_EXPIRED, "GAVE_UP": GAVE_UP,
+_LUA_CONSTANTS = {"LEASE_EXPIRED": LEASE_EXPIRED, "GAVE_UP": GAVE_UP, "HANDED_OVER": HANDED_OVER,
                   "OVERLAP_SKIP": OVERLAP_SKIP, "EARLY_TOLERANCE_MS": str(EARLY_TOLERANCE_MS)}
 
 

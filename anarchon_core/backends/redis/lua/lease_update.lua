@@ -5,6 +5,7 @@
 --       heartbeat: lease_ms; finish: score, status, error ("" for none), meta (JSON
 --       text, "" for none);
 --       release: the hand-over note (decision.HANDED_OVER), kept as the attempt's error
+local HANDED_OVER = "@HANDED_OVER@"
 if redis.replicate_commands then redis.replicate_commands() end
 local op, run_id, attempt, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local raw = redis.call('HGET', KEYS[1], run_id)
@@ -12,6 +13,8 @@ if not raw then return 0 end
 local ok, st = pcall(cjson.decode, raw)
 if not ok or type(st) ~= 'table' then return 0 end  -- not a state anarchon wrote: fenced
 if st.s ~= 'running' or st.t ~= token or st.a ~= attempt then return 0 end
+-- a release is final: no heartbeat or finish of a released attempt (decision.update_applies)
+if op ~= 'release' and st.e == HANDED_OVER then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function num(x) return string.format('%.0f', x) end
