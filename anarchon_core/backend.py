@@ -55,6 +55,7 @@ from .models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, Ru
 
 if TYPE_CHECKING:
     from .options import JobOptions
+    from .transactional import SqlStatement
 
 __all__ = ["FORMAT_VERSION", "Backend", "ClaimOnlyBackend", "Retention", "new_token"]
 
@@ -169,6 +170,31 @@ class Backend(abc.ABC):
     async def job_names(self) -> dict[str, Run | None]:
         """Every job the store holds runs of, by name, with its newest attempt."""
         raise NotImplementedError(f"{type(self).__name__} cannot list jobs yet")
+
+    def finish_statement(self, ref: RunRef, status: str, error: str | None = None,
+                         meta: Mapping[str, str] | None = None) -> SqlStatement:
+        """:meth:`finish` as a statement for a transaction of the caller's own connection.
+
+        Only for stores that keep runs in a database the caller can reach (PostgreSQL,
+        SQLite): the statement records the end exactly as :meth:`finish` would, under the
+        same conditions (``ref.token`` holds the running attempt), and changes one row when
+        it does, none when the caller is fenced. The caller commits only on one row (see
+        :mod:`anarchon_core.transactional`). Other stores raise
+        :class:`UnsupportedStrategyError`.
+        """
+        raise UnsupportedStrategyError(
+            f"{self.describe()} cannot record a run's end in another transaction: that "
+            "needs a PostgreSQL or SQLite store in the database the caller writes to")
+
+    async def add_meta(self, ref: RunRef, meta: Mapping[str, str]) -> bool:
+        """Merge ``meta`` into the stored meta of an ended attempt (``ref.token`` unused).
+
+        For facts that arrive after the run ended (the outcome of a task it enqueued).
+        False when no ended attempt matches. Stores that cannot update an ended attempt
+        raise :class:`UnsupportedStrategyError`.
+        """
+        raise UnsupportedStrategyError(
+            f"{self.describe()} cannot add meta to an ended run (PostgreSQL and SQLite can)")
 
     async def newest_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """The newest scheduled (not manual) slot each job has a record of (None: none).

@@ -37,6 +37,7 @@ from .health import StoreHealth
 from .models import RunRef, validate_meta
 from .schedules import ms_to_datetime
 from .sharedtimers import EndDeadlines, KeeperStarts
+from .transactional import TransactionEnd
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -114,6 +115,9 @@ class ClaimHandle:
         self.fenced = False
         #: True once the store acknowledged the end (or the hand-over).
         self.ended = False
+        #: ``(status, error)`` of an end recorded in the caller's transaction
+        #: (:meth:`end_in_transaction`), else None.
+        self.end_status: tuple[str, str | None] | None = None
         self.loop = asyncio.get_running_loop()
         self._callbacks: list[Callable[[str], None]] = []
         lease_s = self.timings.lease_ms / 1000 if self.timings else 0.0
@@ -504,6 +508,63 @@ class ClaimHandle:
         if name == "release":
             self._emit(EventKind.HANDED_OVER)
         return True
+
+    def end_in_transaction(self, status: str = "success", error: str | None = None,
+                           meta: Mapping[str, str] | None = None) -> TransactionEnd:
+        """Record this attempt's end in a transaction of the caller's own connection.
+
+        For SQL stores whose database the caller also writes to: the returned
+        :class:`~anarchon_core.transactional.TransactionEnd` carries the fenced statement
+        to run last in that transaction, and is told how the transaction ended (see
+        :mod:`anarchon_core.transactional`). Raises :class:`LeaseLost` if this handle is
+        fenced already, and :class:`~anarchon_core.UnsupportedStrategyError` for a store
+        that cannot (``Backend.finish_statement``). May be called from any thread.
+        """
+        if status not in ("success", "failed", "skipped"):
+            raise ValueError(f"invalid status {status!r}: expected 'success', 'failed' or "
+                             "'skipped'")
+        if self.fenced or self.cancel_reason == LEASE_LOST:
+            self.raise_if_cancelled()
+            raise LeaseLost(f"{self._label()}: fenced")
+        if self.ended:
+            raise RuntimeError(f"{self._label()}: its end was already recorded")
+        if meta:
+            self.meta.update(meta)
+        statement = self.backend.finish_statement(self.ref, status, error,
+                                                  validate_meta(self.meta) or None)
+        # From here a refused heartbeat is this end being seen, not another attempt.
+        self._ending = True
+        return TransactionEnd(self, statement, status, error)
+
+    def _external_end_committed(self, status: str, error: str | None) -> None:
+        self.ended = True
+        self.end_status = (status, error)
+        self._on_loop(self._external_end_done)
+
+    def _external_end_done(self) -> None:
+        self._stop_keeping()
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s: %s (in the caller's transaction)", self._label(),
+                     self.end_status[0] if self.end_status else "ended",
+                     extra=self._fields())
+
+    def _external_end_refused(self) -> None:
+        self._on_loop(lambda: self._fence("end rejected: another attempt took over"))
+
+    def _external_end_abandoned(self) -> None:
+        self._ending = False
+        self._on_loop(self._wake_keeper)
+
+    def _on_loop(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the handle's loop: now if this is its thread, else soon."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            call()
+        else:
+            self.loop.call_soon_threadsafe(call)
 
     def _wake_keeper(self) -> None:
         if self._wake is not None:

@@ -12,6 +12,7 @@ from .schedules import ms_to_datetime
 
 if TYPE_CHECKING:
     from .claim import ClaimHandle
+    from .transactional import TransactionEnd
 
 __all__ = ["LEASE_LOST", "STOPPING", "TIMEOUT", "JobContext"]
 
@@ -80,6 +81,17 @@ class JobContext:
                                "'await ctx.acheck_lease()'")
         asyncio.run_coroutine_threadsafe(self._handle.check_lease(),
                                          self._handle.loop).result(timeout)
+
+    def end_in_transaction(self, status: str = "success",
+                           error: str | None = None) -> TransactionEnd:
+        """Record this run's end in a transaction of your own connection to the store.
+
+        For SQL stores whose database your code writes to: your writes and the run's end
+        commit together, and only while this attempt holds the run. See
+        :mod:`anarchon_core.transactional` for the steps (``anarchon_django.atomic`` does
+        them for the Django ORM). :attr:`meta` is recorded as it is at this call.
+        """
+        return self._handle.end_in_transaction(status, error)
 
     def __repr__(self) -> str:
         return (f"<JobContext {self.job} slot={self.slot} attempt={self.attempt}"

@@ -174,6 +174,11 @@ class Attempt:
             self.handle.remove_cancel_callback(self._on_cancel)
         self._settle(exc, cancelled)
         handle = self.handle
+        if handle.end_status is not None:
+            # The handler's own transaction recorded the end (end_in_transaction): that
+            # is the run's outcome, whatever its code did after the commit.
+            self.status, self.error = handle.end_status
+            return
         if handle.fenced:
             return
         try:

@@ -29,8 +29,10 @@ from .runtime import (
     start,
     stop,
 )
+from .tasks import schedule
+from .transactions import atomic
 
 __all__ = [
-    "astart", "astop", "build_scheduler", "cron", "every", "get_reader", "get_scheduler",
-    "requested_by", "start", "stop",
+    "astart", "astop", "atomic", "build_scheduler", "cron", "every", "get_reader",
+    "get_scheduler", "requested_by", "schedule", "start", "stop",
 ]

@@ -26,9 +26,18 @@ class AnarchonConfig(AppConfig):
 
         Connects to nothing: the scheduler is built on first use.
         """
-        from . import checks, runtime  # noqa: F401, PLC0415 - registers the checks
+        from . import (  # noqa: PLC0415
+            checks,  # noqa: F401 - registers the checks
+            conf,
+            runtime,
+            taskresults,
+            tasks,
+        )
 
         autodiscover_modules("jobs")
+        # ANARCHON['TASKS']: the valid entries now; `check` (E012) reports the others.
+        tasks.declare_from_settings(conf.settings_tasks())
+        taskresults.connect()
         runtime.mark_ready()
         setting_changed.connect(_settings_changed, dispatch_uid="anarchon_django.reset")
 

@@ -16,6 +16,7 @@ id                      problem
 ``anarchon.E009``       ``JOB_DEFAULTS`` is not a dict, or has unknown/unusable options
 ``anarchon.E010``       a declared job is invalid with these settings
 ``anarchon.E011``       a bad admin setting
+``anarchon.E012``       a bad ``TASKS`` entry (the message names it)
 ======================  ==========================================================
 """
 
@@ -30,7 +31,7 @@ from django.core.checks import Warning as CheckWarning
 
 from anarchon_core import ConfigError, Scheduler
 
-from . import conf, registry, runtime
+from . import conf, registry, runtime, tasks
 
 __all__ = ["check_jobs", "check_settings"]
 
@@ -44,6 +45,17 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None,
     _, problems = conf.parse()
     return [(CheckWarning if p.warning else Error)(
         p.msg, hint=p.hint, id=p.id, obj="settings.ANARCHON") for p in problems]
+
+
+@register(TAG)
+def check_tasks(app_configs: Sequence[AppConfig] | None = None,
+                **kwargs: Any) -> list[CheckMessage]:
+    """Report every bad ``ANARCHON['TASKS']`` entry, its name in the message (E012)."""
+    raw = conf.settings_tasks()
+    return [Error(problem, id="anarchon.E012", obj="settings.ANARCHON",
+                  hint="Each entry: {'task': 'app.tasks.name', 'cron': '0 2 * * *'} or "
+                       "'every': '10m', with JSON 'args'/'kwargs' the task accepts.")
+            for problem in tasks.declare_from_settings(raw)]
 
 
 @register(TAG)

@@ -48,6 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "JOB_DEFAULTS": {},
     "ADMIN_READ_ONLY": True,
     "ADMIN_RUN_NOW_WAIT_MS": 5_000,
+    # Scheduled tasks by job name (anarchon_django.tasks), checked as anarchon.E012.
+    "TASKS": {},
 }
 #: Job options accepted in ``JOB_DEFAULTS`` and by the decorators.
 JOB_OPTIONS = ("timeout_ms", "jitter_ms", "max_late_ms", "overlap", "max_attempts",
@@ -377,6 +379,12 @@ def parse(raw: object | None = None) -> tuple[Settings | None, list[Problem]]:
                                 f"{exc}", "See LEASE_MS, HEARTBEAT_MS, HISTORY_SIZE, "
                                 "HISTORY_TTL_MS, INSTANCE_ID, STOP_GRACE_MS, HANDLER_THREADS."))
     return parsed, problems
+
+
+def settings_tasks() -> object:
+    """``ANARCHON['TASKS']`` as written (None when ``ANARCHON`` is not a dict)."""
+    raw = _raw()
+    return raw.get("TASKS") if isinstance(raw, Mapping) else None
 
 
 def load() -> Settings:

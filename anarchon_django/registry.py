@@ -82,6 +82,17 @@ def _declare(declaration: Declaration) -> None:
             listener(declaration)
 
 
+def _scheduled_task(target: object, name: str, **schedule: Any) -> bool:
+    """Schedule ``target`` if it is a ``django.tasks`` Task (``@every`` on ``@task``)."""
+    from . import tasks  # noqa: PLC0415 - imports Django's task framework when present
+
+    if not tasks.is_task(target):
+        return False
+    tasks.schedule(target, name=name, **{k: v for k, v in schedule.items()
+                                         if v is not None or k in ("every", "cron")})
+    return True
+
+
 def _key(d: Declaration) -> tuple[str, str]:
     # The same function declared again (a module imported under two names, a reload) is
     # the same job, not a clash.
@@ -104,9 +115,15 @@ def every(name: str, interval: Duration, handler: Callable[..., Any] | None = No
     (``timeout_ms``, ``jitter_ms``, ``max_late_ms``, ``overlap``, ``max_attempts``,
     ``catch_up_ms``) override ``ANARCHON['JOB_DEFAULTS']``. The handler receives a
     :class:`~anarchon_core.JobContext`; plain ``def`` handlers may use the ORM.
+
+    Stacked on a ``django.tasks`` ``@task`` it schedules the task instead: each slot
+    enqueues it once (:func:`anarchon_django.schedule`; ``args=``, ``kwargs=``,
+    ``queue_name=``, ``priority=``, ``backend=`` go in ``options``), and returns the task.
     """
 
     def add(fn: F) -> F:
+        if _scheduled_task(fn, name, every=interval, offset=offset, **options):
+            return fn
         _declare(Declaration(name, "every", interval, fn, offset=offset, options=options))
         return fn
 
@@ -126,12 +143,14 @@ def cron(name: str, expression: str, handler: Callable[..., Any] | None = None, 
     """Declare a cron job, e.g. ``@cron("daily-report", "0 8 * * *")``.
 
     The expression is read in ``tz``, by default the project's ``TIME_ZONE`` (UTC when
-    unset). Options as for :func:`every`.
+    unset). Options as for :func:`every`, and like it, it schedules a ``Task`` it decorates.
     """
     if tz is not None and not isinstance(tz, str):
         raise ConfigError(f"invalid tz {tz!r} for job {name!r}: expected an IANA zone name")
 
     def add(fn: F) -> F:
+        if _scheduled_task(fn, name, cron=expression, tz=tz, **options):
+            return fn
         _declare(Declaration(name, "cron", expression, fn, tz=tz, options=options))
         return fn
 

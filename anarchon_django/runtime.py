@@ -24,7 +24,7 @@ from django.db import close_old_connections
 
 from anarchon_core import ConfigError, JobContext, Scheduler
 
-from . import conf, registry
+from . import conf, registry, tasks
 
 __all__ = [
     "astart", "astop", "build_scheduler", "get_reader", "get_scheduler", "register_job",
@@ -139,6 +139,10 @@ def build_scheduler(*, read_only: bool = False) -> Scheduler:
     backend = conf.build_backend(parsed, read_only=read_only)
     scheduler = Scheduler(backend, **parsed.scheduler_options())
     if not read_only:
+        problems = tasks.declare_from_settings(conf.settings_tasks())
+        if problems:
+            raise ImproperlyConfigured(f"{problems[0]} (anarchon.E012; run manage.py check "
+                                       "for every problem)")
         for declaration in registry.declarations():
             register_job(scheduler, declaration, parsed.job_defaults)
     return scheduler

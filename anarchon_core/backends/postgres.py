@@ -61,6 +61,7 @@ from ..errors import ConfigError, StoreError, StoreNotSetUp, StoreUnavailable
 from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ..readmodel import dump_meta
 from ..schema import sql_names, sql_schema, sql_upgrade
+from ..transactional import SqlStatement
 from ..url import NAMESPACE_PARAMS, check_postgres_conninfo, mask_url, split_namespace_params
 from .common import parse_flag, refuse_write
 from .pgfunctions import (
@@ -83,11 +84,13 @@ from .sqlstore import (
     Step,
     Steps,
     Update,
+    add_meta_steps,
     check_format,
     claim_batch_steps,
     control_read_steps,
     control_write_steps,
     expired_steps,
+    finish_params,
     history_steps,
     job_names_steps,
     newest_slots_steps,
@@ -534,6 +537,24 @@ class PostgresBackend(Backend):
         """Expire the lease now so a backup takes over at once."""
         return await self._update("release", ref, {**ref_params(ref),
                                                    "handed_over": HANDED_OVER})
+
+    def finish_statement(self, ref: RunRef, status: str, error: str | None = None,
+                         meta: Mapping[str, str] | None = None) -> SqlStatement:
+        """:meth:`finish` for a transaction of the caller's own connection to this database.
+
+        See :mod:`anarchon_core.transactional`: its ``UPDATE`` locks the attempt's row,
+        and a claim reads that row ``FOR UPDATE``, so a backup waits for the caller's
+        transaction and then sees the run ended.
+        """
+        refuse_write(self, "finish")
+        return SqlStatement(self._sql["finish"], finish_params(ref, status, error, meta),
+                            "postgresql")
+
+    async def add_meta(self, ref: RunRef, meta: Mapping[str, str]) -> bool:
+        """Merge ``meta`` into an ended attempt's stored meta, in one transaction."""
+        refuse_write(self, "add_meta")
+        await self._ensure_started()
+        return await self._run(lambda: add_meta_steps(ref, meta), what="add meta")
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first."""

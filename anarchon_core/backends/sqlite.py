@@ -31,6 +31,7 @@ from ..errors import ConfigError, StoreError, StoreNotSetUp
 from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ..readmodel import dump_meta
 from ..schema import sql_names, sql_schema, sql_upgrade
+from ..transactional import SqlStatement
 from ..url import mask_url, split_namespace_params
 from .common import parse_flag, refuse_write
 from .sqlstore import (
@@ -41,11 +42,13 @@ from .sqlstore import (
     Step,
     Steps,
     Update,
+    add_meta_steps,
     check_format,
     claim_batch_steps,
     control_read_steps,
     control_write_steps,
     expired_steps,
+    finish_params,
     history_steps,
     job_names_steps,
     newest_slots_steps,
@@ -111,6 +114,8 @@ class SqliteBackend(Backend):
         self._errors = StoreErrors(self.describe, _classify)
         self.read_only = parse_flag("read_only", read_only)
         self._queries = self._render(has_meta=True)
+        #: The ``finish`` statement for a caller's own connection (made when first asked for).
+        self._in_caller_sql: str | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         # One transaction at a time: the worker thread owns the one connection.
@@ -119,9 +124,9 @@ class SqliteBackend(Backend):
         self._updates: Batched[Update, bool] = Batched(
             self._update_many, max_batch=MAX_BATCH, max_in_flight=1)
 
-    def _render(self, *, has_meta: bool) -> SqlQueries:
+    def _render(self, *, has_meta: bool, placeholder: str = ":{}") -> SqlQueries:
         return SqlQueries.render(
-            runs=self._names.runs, meta=self._names.meta, now=_NOW_MS, placeholder=":{}",
+            runs=self._names.runs, meta=self._names.meta, now=_NOW_MS, placeholder=placeholder,
             # BEGIN IMMEDIATE already holds the database's write lock.
             lock_job="SELECT :lock_key", lock_jobs="SELECT 1", has_meta=has_meta,
         )
@@ -346,6 +351,25 @@ class SqliteBackend(Backend):
         """Expire the lease now so a backup takes over at once."""
         return await self._update("release", ref,
                                   {**ref_params(ref), "handed_over": HANDED_OVER})
+
+    def finish_statement(self, ref: RunRef, status: str, error: str | None = None,
+                         meta: Mapping[str, str] | None = None) -> SqlStatement:
+        """:meth:`finish` for a transaction of the caller's own connection to this file.
+
+        See :mod:`anarchon_core.transactional`; the caller's write lock on the file keeps
+        every claim out until its transaction ends.
+        """
+        refuse_write(self, "finish")
+        text = self._in_caller_sql
+        if text is None:
+            text = self._in_caller_sql = self._render(
+                has_meta=True, placeholder="%({})s")["finish"]
+        return SqlStatement(text, finish_params(ref, status, error, meta), "sqlite")
+
+    async def add_meta(self, ref: RunRef, meta: Mapping[str, str]) -> bool:
+        """Merge ``meta`` into an ended attempt's stored meta, in one transaction."""
+        refuse_write(self, "add_meta")
+        return await self._write(lambda: add_meta_steps(ref, meta), "add meta")
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first."""

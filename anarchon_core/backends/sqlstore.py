@@ -41,7 +41,14 @@ from ..models import (
     RunPage,
     RunRef,
 )
-from ..readmodel import STATUS_SQL, finish_page, load_meta, read_status, validate_query
+from ..readmodel import (
+    STATUS_SQL,
+    dump_meta,
+    finish_page,
+    load_meta,
+    read_status,
+    validate_query,
+)
 from ..records import MAX_COUNT, record_int, record_ms, record_text
 from ..schedules import ms_to_datetime
 from .common import check_format_value, trim_drawn
@@ -120,6 +127,15 @@ _TEMPLATES: dict[str, str] = {
         SELECT status, error FROM {runs}
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token""",
+    # add_meta: the stored meta of an ended attempt, and its replacement.
+    "ended_meta": """
+        SELECT {meta_col} FROM {runs}
+        WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
+          AND status <> 'running'""",
+    "set_ended_meta": """
+        UPDATE {runs} SET {meta_col} = :meta
+        WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
+          AND status <> 'running'""",
     "history": f"""
         SELECT {_COLUMNS}
         FROM {{runs}} WHERE job = :job
@@ -486,6 +502,24 @@ def _run_state(req: ClaimRequest, row: Any) -> RunState:
                                "left alone")
         return RunState(state.attempt, state.token, "corrupt", None)
     return state
+
+
+def add_meta_steps(ref: RunRef, meta: Mapping[str, str]) -> Steps[bool]:
+    """Merge ``meta`` into an ended attempt's stored meta (False: no such ended attempt)."""
+    key = {k: v for k, v in ref_params(ref).items() if k != "token"}
+    rows = yield Step("ended_meta", key)
+    if not rows:
+        return False
+    merged = {**load_meta(rows[0][0]), **meta}
+    [count] = yield Last([Step("set_ended_meta", {**key, "meta": dump_meta(merged)},
+                               rows=False)])
+    return bool(count == 1)
+
+
+def finish_params(ref: RunRef, status: str, error: str | None,
+                  meta: Mapping[str, str] | None) -> dict[str, Any]:
+    """The parameters of the ``finish`` query."""
+    return {**ref_params(ref), "status": status, "error": error, "meta": dump_meta(meta)}
 
 
 def expired_steps(job: str, limit: int) -> Generator[Step, Any, list[ExpiredRun]]:

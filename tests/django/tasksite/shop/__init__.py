@@ -1,0 +1,1 @@
+"""The task site's app: one scheduled task, and the fault hook."""
