@@ -403,6 +403,15 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         for job, _store, _replace in list(getattr(scheduler, "_pending_jobs", ())):
             if getattr(job, "executor", "default") == alias:
                 self.check_job(job)
+                # Defined now, so the scheduler starts with them (its log line, the fleet
+                # view); a firing redefines a job only if its options changed meanwhile.
+                next_run = getattr(job, "next_run_time", None)
+                self._define_options(job.id, self._checked_options(
+                    job.id, getattr(job, "misfire_grace_time",
+                                    defaults.get("misfire_grace_time", 1)),
+                    getattr(job, "max_instances", defaults.get("max_instances", 1)),
+                    job.trigger, 0 if next_run is None else lag_ms(job.trigger, next_run)),
+                    job.trigger)
 
     def _recheck(self, scheduler: Any, event: Any) -> None:
         """Check a job added, modified or removed after start; a refusal is logged now."""
@@ -427,6 +436,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
             log.error("%s. None of its firings will run.", exc)
         else:
             self._refused.pop(job_id, None)
+            with contextlib.suppress(ConfigError):  # the firing reports it, in its terms
+                self._define(job)  # before its first firing: anarchon status shows it
 
     def _define(self, job: Any, lag: int = 0) -> dict[str, Any]:
         refused = self._refused.get(job.id)
@@ -438,12 +449,21 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
             if self._defined.get(job.id) != options:  # checked once per definition
                 self._checked_options(job.id, job.misfire_grace_time, job.max_instances,
                                       job.trigger, lag)
-                if job.id in self._defined:
-                    self._anarchon.remove(job.id)
-                self._anarchon.define(job.id, on_takeover=self._on_takeover, **options)
-                self._defined[job.id] = options
+                self._define_options(job.id, options, job.trigger)
         self._warn_generated_id(job)
         return options
+
+    def _define_options(self, job_id: str, options: dict[str, Any], trigger: Any) -> None:
+        """(Re)define the anarchon job of ``job_id`` with checked ``options``."""
+        with self._define_lock:
+            if self._defined.get(job_id) == options:
+                return
+            if job_id in self._defined:
+                self._anarchon.remove(job_id)
+            # The trigger as APScheduler prints it, for anarchon status and jobs().
+            self._anarchon.define(job_id, on_takeover=self._on_takeover,
+                                  schedule_text=f"APScheduler {trigger}"[:200], **options)
+            self._defined[job_id] = options
 
     def _warn_generated_id(self, job: Any) -> None:
         job_id = job.id

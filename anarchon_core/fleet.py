@@ -125,9 +125,10 @@ class JobDefinition:
     spec: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, name: str, schedule: Schedule | None, options: JobOptions) -> JobDefinition:
-        """The definition of a registered job."""
-        text = schedule.describe() if schedule is not None else "(claimed by its caller)"
+    def of(cls, name: str, schedule: Schedule | None, options: JobOptions, *,
+           text: str | None = None) -> JobDefinition:
+        """The definition of a registered job (``text``: the caller's timing, no schedule)."""
+        text = schedule.describe() if schedule is not None else text or "(claimed by its caller)"
         spec: dict[str, Any] = {}
         if isinstance(schedule, EverySchedule):
             spec = {"every": schedule.interval_ms, "offset": schedule.offset_ms}

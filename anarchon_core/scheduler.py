@@ -101,6 +101,8 @@ class _Job:
     fires: bool = True
     #: ``define(on_takeover=...)``: given the handle of a run this instance took over.
     on_takeover: Callable[[ClaimHandle], Any] | None = None
+    #: ``define(schedule_text=...)``: what decides the timing of a job without a schedule.
+    schedule_text: str | None = None
     #: The (slot, manual) runs this instance watches as a backup; made when first needed
     #: (thousands of jobs: one object fewer each for the collector to scan).
     watching: set[tuple[int, bool]] | None = None
@@ -341,7 +343,7 @@ class Scheduler:
 
     def define(self, name: str, schedule: Schedule | None = None, *,
                on_takeover: Callable[[ClaimHandle], Any] | None = None,
-               **options: Any) -> JobInfo:
+               schedule_text: str | None = None, **options: Any) -> JobInfo:
         """Register a job that this scheduler never fires itself: its caller claims slots.
 
         For code that decides its own timing (an APScheduler executor, a Celery beat):
@@ -357,8 +359,16 @@ class Scheduler:
         ``on_takeover(handle)`` is called on the scheduler's event loop with the won
         :class:`ClaimHandle` (attempt + 1); it must start the run without blocking (it may
         be a coroutine function) and end the handle with ``finish``, or ``release`` it.
+
+        ``schedule_text`` says, without a ``schedule``, what decides the job's timing (e.g.
+        an APScheduler trigger): :meth:`jobs` and the fleet view (``anarchon status``) show
+        it instead of "(claimed by its caller)".
         """
         validate_job_name(name)
+        if schedule_text is not None and (not isinstance(schedule_text, str)
+                                          or not 0 < len(schedule_text) <= 200):
+            raise ConfigError(f"invalid schedule_text {schedule_text!r} for job {name!r}: "
+                              "expected a text of 1 to 200 characters")
         job_options = JobOptions.build(schedule, options, leases=self.backend.supports_leases,
                                        now_ms=round(self._now_ms()))
         self.backend.check_job(name, job_options)
@@ -367,7 +377,7 @@ class Scheduler:
                               "callable")
         with self._jobs_lock:
             self._add(_Job(name, schedule, None, job_options, fires=False,
-                           on_takeover=on_takeover))
+                           on_takeover=on_takeover, schedule_text=schedule_text))
         return self._info(self._jobs[name])
 
     def _register(self, name: str, schedule: Schedule, handler: Handler | None,
@@ -425,7 +435,8 @@ class Scheduler:
     def _info(self, job: _Job) -> JobInfo:
         now = round(self._now_ms())
         schedule = job.schedule
-        return JobInfo(job.name, schedule.describe() if schedule else "(claimed by its caller)",
+        text = schedule.describe() if schedule else job.schedule_text or "(claimed by its caller)"
+        return JobInfo(job.name, text,
                        schedule.next_after(now) if schedule else 0, job.options.as_dict(),
                        job.handler)
 
@@ -639,7 +650,8 @@ class Scheduler:
     def _job_definitions(self) -> list[JobDefinition]:
         with self._jobs_lock:
             jobs = list(self._jobs.values())
-        return [JobDefinition.of(j.name, j.schedule, j.options) for j in jobs]
+        return [JobDefinition.of(j.name, j.schedule, j.options, text=j.schedule_text)
+                for j in jobs]
 
     # ---------------------------------------------------------------- claims
 

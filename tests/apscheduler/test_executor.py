@@ -493,3 +493,31 @@ def test_shutdown_returns_only_once_the_last_runs_end_is_recorded(
     assert recorded.is_set(), "shutdown() returned before the run's end was recorded"
     [run] = read_history(url, "short")
     assert run.status == "success"
+
+
+def test_the_fleet_sees_each_jobs_trigger_and_the_start_counts_its_jobs(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    executor = AnarchonExecutor(backend=url)
+    scheduler = BackgroundScheduler(executors={"default": executor}, timezone="UTC")
+    scheduler.add_job(ok, "interval", seconds=30, start_date=EPOCH, id="sync")
+    scheduler.add_job(ok, "cron", hour=8, id="report")
+    with caplog.at_level(logging.INFO, logger="anarchon"):
+        scheduler.start()
+    try:
+        scheduler.add_job(ok, "cron", minute="*/5", id="later")
+        assert "started with 2 job(s)" in caplog.text
+        jobs = {j.name: j.schedule for j in executor.scheduler.jobs()}
+        assert jobs["sync"] == "APScheduler interval[0:00:30]"
+        assert jobs["report"] == "APScheduler cron[hour='8']"
+        assert jobs["later"] == "APScheduler cron[minute='*/5']"
+        deadline = time.monotonic() + 20  # the registry notices a new job within seconds
+        while True:
+            view = executor.scheduler.sync.status()
+            shown = {j.name: j.schedule for j in view.jobs}
+            if shown == jobs or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        scheduler.shutdown()
+    assert shown == jobs
+    assert "(claimed by its caller)" not in view.format()
