@@ -69,7 +69,7 @@ def load_meta(text: object) -> dict[str, str]:
         return {}
     try:
         value = json.loads(text) if isinstance(text, str | bytes) else text
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         value = None
     if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
                                        for k, v in value.items()):

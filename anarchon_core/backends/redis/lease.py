@@ -164,7 +164,7 @@ async def lease_expired(conn: Commands, prefix: str, job: str, limit: int) -> li
     return out[:limit]
 
 
-_UNREADABLE = (TypeError, ValueError, KeyError, IndexError, OverflowError)
+_UNREADABLE = (TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)
 _STATUSES = frozenset(RUN_STATUSES)
 
 
