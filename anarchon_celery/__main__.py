@@ -1,7 +1,8 @@
 """``python -m anarchon_celery history -A proj [ENTRY]``: who sent each slot, and the task id.
 
-Reads the store the app's ``anarchon_*`` settings name (read-only use: nothing is
-claimed), newest slot first.
+Reads the store the app's ``anarchon_*`` settings name, newest slot first, through a
+read-only backend: nothing is claimed or created. Exit status 1 when the store fails or
+holds no anarchon store in that namespace, 2 for a bad setting.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 from celery.app.utils import find_app  # type: ignore[import-untyped]
 
-from anarchon_core import AnarchonError, Scheduler
+from anarchon_core import AnarchonError, ConfigError, Scheduler
 from anarchon_core.cli.history import HistoryAnswer, add_history_options, read_history
 
 from .settings import Settings
@@ -35,9 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         app = find_app(args.app)
         core = Settings.from_app(app).make_scheduler("reader")
         answer = asyncio.run(_read(core, args))
-    except AnarchonError as exc:
+    except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except AnarchonError as exc:  # the store failed, or holds no anarchon store there
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if answer.unknown:
         print(f"error: {answer.message}", file=sys.stderr)
         return 2

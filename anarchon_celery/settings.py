@@ -246,9 +246,12 @@ class Settings:
                                            setting="anarchon_log_format"),
         )
 
-    def make_backend(self) -> Backend:
-        """A new backend object for :attr:`backend_url` (no connection is opened yet)."""
-        options: dict[str, Any] = {}
+    def make_backend(self, *, read_only: bool = False) -> Backend:
+        """A new backend object for :attr:`backend_url` (no connection is opened yet).
+
+        ``read_only``: it creates and writes nothing (readers such as the history command).
+        """
+        options: dict[str, Any] = {"read_only": True} if read_only else {}
         if self.prefix is not None:
             options["prefix"] = self.prefix
         try:
@@ -258,8 +261,11 @@ class Settings:
                 from None
 
     def make_scheduler(self, role: str = "beat") -> Scheduler:
-        """A core scheduler on a new backend, named ``<role>@<host>:<pid>`` by default."""
-        backend = self.make_backend()
+        """A core scheduler on a new backend, named ``<role>@<host>:<pid>`` by default.
+
+        The ``"reader"`` role's backend is read-only.
+        """
+        backend = self.make_backend(read_only=role == "reader")
         if self.track_tasks and not backend.supports_leases:
             raise ConfigError(
                 f"anarchon_track_tasks needs a lease store (Redis/Valkey, PostgreSQL, "

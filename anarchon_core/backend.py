@@ -35,9 +35,10 @@ Rules every backend keeps:
   and raises :class:`StoreFormatError` when the store's format is newer than
   :data:`FORMAT_VERSION`. ``stop`` closes only what the backend opened itself.
 * With ``read_only=True`` a backend creates nothing and writes nothing (no format record,
-  no markers): ``start`` checks the store exists (a :class:`StoreError` saying so if it
-  was never set up) and its format, and ``claim``, ``heartbeat``, ``finish`` and
-  ``release`` raise :class:`ReadOnlyError`.
+  no markers): ``start`` checks the store exists and its format, and ``claim``,
+  ``heartbeat``, ``finish`` and ``release`` raise :class:`ReadOnlyError`. A namespace
+  that was never set up is a :class:`StoreNotSetUp` naming the store (URL masked), the
+  namespace looked for and the namespaces :meth:`Backend.namespaces` finds there.
 """
 
 from __future__ import annotations
@@ -57,10 +58,13 @@ if TYPE_CHECKING:
     from .options import JobOptions
     from .transactional import SqlStatement
 
-__all__ = ["FORMAT_VERSION", "Backend", "ClaimOnlyBackend", "Retention", "new_token"]
+__all__ = ["FORMAT_VERSION", "MAX_NAMESPACES", "Backend", "ClaimOnlyBackend", "Retention",
+           "new_token"]
 
 #: Version of the data layout anarchon writes. A store with a larger number is refused.
 FORMAT_VERSION = 1
+#: Most namespaces :meth:`Backend.namespaces` returns.
+MAX_NAMESPACES = 200
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,16 @@ class Backend(abc.ABC):
         """
         raise UnsupportedStrategyError(
             f"{self.describe()} cannot add meta to an ended run (PostgreSQL and SQLite can)")
+
+    async def namespaces(self) -> list[str] | None:
+        """The namespaces of this store that hold an anarchon store, sorted; reads only.
+
+        Each as the backend's namespace option takes it (a ``table``, a ``prefix``), found
+        by its format record; a bounded listing (at most :data:`MAX_NAMESPACES`, a few
+        cheap reads). ``None`` when the store cannot list them cheaply. A read-only
+        ``start`` that finds no store names them in its :class:`StoreNotSetUp`.
+        """
+        return None
 
     async def newest_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """The newest scheduled (not manual) slot each job has a record of (None: none).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class AnarchonError(Exception):
     """Base class of every error anarchon raises on purpose."""
@@ -66,8 +68,17 @@ class StoreUnavailable(StoreError):  # noqa: N818 - reads as a state, like Cance
 class StoreNotSetUp(StoreError):  # noqa: N818 - reads as a state, like StoreUnavailable
     """A read-only backend found no anarchon store in its namespace (never written to).
 
-    Readers such as dashboards can show it as "no history yet".
+    ``namespace`` is the table, prefix or stream looked for; ``existing`` lists the
+    namespaces of the same store that do hold an anarchon store, when the store can list
+    them (``None`` when it cannot). Both are also in the message. Readers such as
+    dashboards may show it as "no history yet" or as a likely typo.
     """
+
+    def __init__(self, message: str, *, namespace: str | None = None,
+                 existing: Sequence[str] | None = None) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+        self.existing = None if existing is None else list(existing)
 
 
 class ReadOnlyError(StoreError):

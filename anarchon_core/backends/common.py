@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import difflib
+import logging
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ReadOnlyError, StoreFormatError
+from ..errors import ConfigError, ReadOnlyError, StoreFormatError, StoreNotSetUp
 from .storeerrors import scrub
 
+if TYPE_CHECKING:
+    from ..backend import Backend
+
 __all__ = [
-    "TRIM_EVERY", "check_format_value", "local_now_ms", "parse_flag", "refuse_write", "scrub",
-    "time_ms", "trim_drawn",
+    "LIST_TIMEOUT_S", "TRIM_EVERY", "check_format_value", "local_now_ms", "missing_store",
+    "parse_flag", "refuse_write", "scrub", "time_ms", "trim_drawn",
 ]
+
+log = logging.getLogger("anarchon.backend")
+#: How long a "no store here" error may spend listing the namespaces that do exist.
+LIST_TIMEOUT_S = 3.0
+#: Most of those namespaces its message names.
+SHOWN = 10
 
 #: A won claim trims its job's old history about once in this many (drawn at random): the
 #: bound stays ``history_size`` give or take a few runs, and most claims skip the work.
@@ -70,3 +82,33 @@ def refuse_write(backend: object, operation: str) -> None:
             f"{operation}() refused: {what} is read-only (read_only=True); it reads "
             "history and writes nothing. Use a backend without read_only to run jobs."
         )
+
+
+async def missing_store(backend: Backend, kind: str, namespace: str, why: str) -> StoreNotSetUp:
+    """The error of a read-only ``start`` that found no anarchon store in ``namespace``.
+
+    One line: the backend (its URL masked), why the ``kind`` (``"table"``, ``"prefix"``)
+    named ``namespace`` holds none, and the namespaces of that kind that do hold one, from
+    :meth:`~anarchon_core.backend.Backend.namespaces` (bounded by :data:`LIST_TIMEOUT_S`;
+    left out when the store cannot list them or the listing fails), closest to
+    ``namespace`` first: a typo shows its likely intended name first.
+    """
+    found: list[str] | None
+    try:
+        found = await asyncio.wait_for(backend.namespaces(), LIST_TIMEOUT_S)
+    except Exception:  # the listing is only a hint; the missing store is the error
+        log.debug("%s: listing the namespaces failed", backend.describe(), exc_info=True)
+        found = None
+    others = None if found is None else sorted(
+        (name for name in found if name != namespace),
+        key=lambda name: (-difflib.SequenceMatcher(None, name, namespace).ratio(), name))
+    text = (f"no anarchon store in {backend.describe()}: {why}, so it was never set up there "
+            f"(a scheduler sets it up when it starts) or the {kind} is wrong")
+    if others:
+        kinds = kind + ("es" if kind.endswith("x") else "s")
+        shown = ", ".join(map(repr, others[:SHOWN]))
+        more = f" and {len(others) - SHOWN} more" if len(others) > SHOWN else ""
+        text += f"; {kinds} with an anarchon store there: {shown}{more}"
+    elif others is not None:
+        text += f"; no {kind} there holds an anarchon store"
+    return StoreNotSetUp(text, namespace=namespace, existing=others)

@@ -58,7 +58,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
 from ..decision import not_run
-from ..errors import ConfigError, StoreError, StoreFormatError, StoreNotSetUp
+from ..errors import ConfigError, StoreError, StoreFormatError
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
 from ..readmodel import dump_meta, history_reader, page_jobs
@@ -72,7 +72,7 @@ from .claimrecords import (
     result_record,
     runs_from_records,
 )
-from .common import local_now_ms, parse_flag, refuse_write
+from .common import local_now_ms, missing_store, parse_flag, refuse_write
 from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 if TYPE_CHECKING:
@@ -345,16 +345,15 @@ class NatsBackend(ClaimOnlyBackend):
 
     async def _existing_stream(self, js: Any) -> Any:
         """The stream's info, or a StoreError if it does not hold this namespace."""
-        never = ("so the store was never set up (or the stream or prefix is wrong); start a "
-                 "backend without read_only=True on it first")
         try:
             info = await js.stream_info(self.stream)
         except NotFoundError:
-            raise StoreNotSetUp(f"{self.describe()}: there is no stream {self.stream!r}, "
-                             f"{never}") from None
+            raise await missing_store(self, "stream", self.stream,
+                                      f"there is no stream {self.stream!r}") from None
         if not any(_subject_covers(s, self._base) for s in info.config.subjects or []):
-            raise StoreNotSetUp(f"{self.describe()}: stream {self.stream!r} does not hold the "
-                             f"subjects {self._base}>, {never}")
+            raise await missing_store(self, "prefix", self.prefix,
+                                      f"stream {self.stream!r} does not hold the subjects "
+                                      f"{self._base}>")
         return info
 
     async def _ensure_stream(self, js: Any) -> Any:

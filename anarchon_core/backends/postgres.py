@@ -55,15 +55,15 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
-from ..backend import Backend
+from ..backend import MAX_NAMESPACES, Backend
 from ..decision import HANDED_OVER
-from ..errors import ConfigError, StoreError, StoreNotSetUp, StoreUnavailable
+from ..errors import ConfigError, StoreError, StoreUnavailable
 from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ..readmodel import dump_meta
 from ..schema import sql_names, sql_schema, sql_upgrade
 from ..transactional import SqlStatement
 from ..url import NAMESPACE_PARAMS, check_postgres_conninfo, mask_url, split_namespace_params
-from .common import parse_flag, refuse_write
+from .common import missing_store, parse_flag, refuse_write
 from .pgfunctions import (
     claim_call,
     claim_call_steps,
@@ -120,6 +120,27 @@ Connection = Union[
 # ":name" into placeholders.
 _NOW_MS = "CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT)"
 _DEFAULT_LEASE_MS = 30_000
+# The anarchon tables of the database: ``<t>`` beside a readable ``<t>_meta`` (a text
+# ``name`` column) that holds a ``format`` row. The CASE runs the per-table query only on
+# tables known to be readable; query_to_xml runs it inside this one statement.
+_NAMESPACES = """
+SELECT n.nspname, r.relname, pg_table_is_visible(r.oid)
+FROM pg_class m
+JOIN pg_namespace n ON n.oid = m.relnamespace
+JOIN pg_class r ON r.relnamespace = m.relnamespace AND r.relkind IN ('r', 'p')
+    AND m.relname = r.relname || '_meta'
+WHERE m.relkind IN ('r', 'p') AND right(m.relname, 5) = '_meta'
+    AND n.nspname <> 'information_schema' AND left(n.nspname, 3) <> 'pg_'
+    AND CASE WHEN has_table_privilege(m.oid, 'SELECT') AND EXISTS (
+            SELECT 1 FROM pg_attribute a WHERE a.attrelid = m.oid AND a.attname = 'name'
+            AND a.atttypid = CAST('text' AS regtype) AND NOT a.attisdropped)
+        THEN CAST(query_to_xml('SELECT 1 FROM ' || quote_ident(n.nspname) || '.'
+                               || quote_ident(m.relname) || ' WHERE name = ''format''',
+                               false, true, '') AS text) <> ''
+        ELSE false END
+ORDER BY 3 DESC, 1, 2
+LIMIT %(limit)s
+"""
 #: Most calls one transaction serves (a batch of claims, or of heartbeats and finishes).
 MAX_BATCH = 128
 #: After this many calls found the session functions gone, claims stop using them.
@@ -267,6 +288,7 @@ class PostgresBackend(Backend):
                 "AND attname = 'meta' AND NOT attisdropped"
             ).format(sql.Literal(runs)).as_string(),
             "schema_exists": "SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s",
+            "namespaces": _NAMESPACES,
             "create_schema": sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                 sql.Identifier(self._schema or "public")).as_string(),
             **{f"schema_{i}": statement for i, statement in
@@ -373,15 +395,11 @@ class PostgresBackend(Backend):
             len(sql_schema("postgresql", self.table, create_schema=False))
         read_only = self.read_only
 
-        def setup() -> Generator[Step, Any, bool]:
+        def setup() -> Generator[Step, Any, bool | None]:
             runs_exist, meta_exists = (yield Step("exists", {}))[0]
             if read_only:
                 if not runs_exist:
-                    raise StoreNotSetUp(
-                        f"{self.describe()}: table {qualified!r} does not exist, so the store "
-                        "was never set up (or the table name is wrong); start a backend "
-                        "without read_only=True on it first"
-                    )
+                    return None
                 if meta_exists:
                     check_format((yield Step("read_format", {})))
                 return bool((yield Step("has_meta", {})))
@@ -397,11 +415,27 @@ class PostgresBackend(Backend):
             return bool((yield Step("has_meta", {})))
 
         has_meta = await self._run(setup, what="start")
+        if has_meta is None:
+            raise await missing_store(self, "table", qualified,
+                                      f"table {qualified!r} does not exist")
         if not has_meta and not read_only:
             has_meta = await self._add_meta_column()
         if not has_meta:
             self._sql = self._build_sql(has_meta=False)
         self._started = True
+
+    async def namespaces(self) -> list[str] | None:
+        """The tables of the database that have an anarchon format record, in one query.
+
+        A table on the ``search_path`` is named as it is, others with their schema; tables
+        this role may not read are left out. Reads only.
+        """
+        def find() -> Generator[Step, Any, list[str]]:
+            rows = yield Step("namespaces", {"limit": MAX_NAMESPACES})
+            return [str(name) if visible else f"{schema}.{name}"
+                    for schema, name, visible in rows]
+
+        return await self._run(find, what="namespace list")
 
     async def _add_meta_column(self) -> bool:
         """Give a table of an earlier release the ``meta`` column; False if not allowed."""

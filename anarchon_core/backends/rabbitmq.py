@@ -85,7 +85,7 @@ from aiormq.exceptions import ChannelAccessRefused
 
 from ..backend import FORMAT_VERSION, ClaimOnlyBackend
 from ..decision import not_run
-from ..errors import ConfigError, StoreError, StoreFormatError, StoreNotSetUp, StoreUnavailable
+from ..errors import ConfigError, StoreError, StoreFormatError, StoreUnavailable
 from ..models import ClaimOutcome, ClaimRequest, ClaimResult, HistoryQuery, Run, RunPage, RunRef
 from ..naming import validate_job_name, validate_prefix
 from ..readmodel import dump_meta, page_jobs
@@ -99,7 +99,7 @@ from .claimrecords import (
     result_record,
     runs_from_records,
 )
-from .common import local_now_ms, parse_flag, refuse_write
+from .common import local_now_ms, missing_store, parse_flag, refuse_write
 from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 if TYPE_CHECKING:
@@ -494,11 +494,8 @@ class RabbitMQBackend(ClaimOnlyBackend):
                 await channel.declare_queue(self.format_queue, passive=True,
                                             timeout=self.timeout_s)
             except ChannelNotFoundEntity:
-                raise StoreNotSetUp(
-                    f"{self.describe()}: there is no queue {self.format_queue!r}, so the "
-                    "store was never set up (or the prefix is wrong); start a backend "
-                    "without read_only=True on it first"
-                ) from None
+                raise await missing_store(self, "prefix", self.prefix,
+                                          f"there is no queue {self.format_queue!r}") from None
             finally:
                 if not channel.is_closed:
                     await channel.close()

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..backend import Backend
+from ..backend import MAX_NAMESPACES, Backend
 from ..decision import HANDED_OVER
 from ..errors import ConfigError, StoreError, StoreNotSetUp
 from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
@@ -33,7 +33,7 @@ from ..readmodel import dump_meta
 from ..schema import sql_names, sql_schema, sql_upgrade
 from ..transactional import SqlStatement
 from ..url import mask_url, split_namespace_params
-from .common import parse_flag, refuse_write
+from .common import missing_store, parse_flag, refuse_write
 from .sqlstore import (
     MAX_YIELDS,
     Answers,
@@ -175,7 +175,12 @@ class SqliteBackend(Backend):
     async def _call(self, fn: Callable[[sqlite3.Connection], T], what: str = "call") -> T:
         if self._executor is None:
             await self.start()
-        assert self._executor is not None
+        return await self._on_worker(fn, what)
+
+    async def _on_worker(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """``fn(connection)`` on the worker thread (started if need be; no :meth:`start`)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="anarchon-sqlite")
         loop = asyncio.get_running_loop()
         with self._errors.guard(what):
             return await loop.run_in_executor(self._executor, self._with_conn, fn)
@@ -202,11 +207,9 @@ class SqliteBackend(Backend):
         return fn(self._conn)
 
     def _open_read_only(self) -> sqlite3.Connection:
-        if not Path(self.path).is_file():
-            raise StoreNotSetUp(
-                f"{self.describe()}: the file does not exist, so the store was never set up; "
-                "start a backend without read_only=True on it first"
-            )
+        if not Path(self.path).is_file():  # removed since start() looked
+            raise StoreNotSetUp(f"no anarchon store in {self.describe()}: the file does not "
+                                "exist, so it was never set up there", namespace=self.path)
         uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout_ms / 1000,
                                isolation_level=None)
@@ -239,23 +242,57 @@ class SqliteBackend(Backend):
                 check_format(conn.execute(q["read_format"]).fetchall())
             self._transaction(conn, body)
 
-        def check(conn: sqlite3.Connection) -> None:
+        def check(conn: sqlite3.Connection) -> bool:
             columns = self._columns(conn)
             found = {row[0] for row in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)",
                 (self.table, f"{self.table}_meta"))}
             if self.table not in found:
-                raise StoreNotSetUp(
-                    f"{self.describe()}: table {self.table!r} does not exist, so the store "
-                    "was never set up (or the table name is wrong); start a backend without "
-                    "read_only=True on it first"
-                )
+                return False
             if f"{self.table}_meta" in found:
                 check_format(conn.execute(q["read_format"]).fetchall())
             if "meta" not in columns:
                 self._queries = self._render(has_meta=False)
+            return True
 
-        await self._call(check if self.read_only else setup)
+        if not self.read_only:
+            await self._call(setup)
+        elif not await asyncio.to_thread(Path(self.path).is_file):
+            raise await missing_store(self, "path", self.path,
+                                      f"the file {self.path!r} does not exist")
+        elif not await self._call(check):
+            raise await missing_store(self, "table", self.table,
+                                      f"table {self.table!r} does not exist")
+
+    async def namespaces(self) -> list[str] | None:
+        """The tables of the file that have an anarchon format record (None: no file).
+
+        Reads only, and never creates the file.
+        """
+        if not await asyncio.to_thread(Path(self.path).is_file):
+            return None
+
+        def find(conn: sqlite3.Connection) -> list[str]:
+            tables = {row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            found: list[str] = []
+            for meta in sorted(t for t in tables if t.endswith("_meta")):
+                if meta[:-len("_meta")] not in tables:
+                    continue
+                quoted = '"' + meta.replace('"', '""') + '"'
+                try:
+                    row = conn.execute(f"SELECT 1 FROM {quoted} WHERE name = 'format'"
+                                       ).fetchone()
+                except sqlite3.Error:  # a table of the same name that is not ours
+                    continue
+                if row is not None:
+                    found.append(meta[:-len("_meta")])
+                if len(found) == MAX_NAMESPACES:
+                    break
+            return found
+
+        # Not _call(): its start() would refuse a read-only backend whose table is missing.
+        return await self._on_worker(find, "namespaces")
 
     def _columns(self, conn: sqlite3.Connection) -> set[str]:
         return {row[1] for row in conn.execute(f"PRAGMA table_info({self._names.runs})")}

@@ -29,14 +29,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...backend import FORMAT_VERSION, Backend
-from ...errors import ConfigError, StoreNotSetUp, UnsupportedStrategyError
+from ...backend import FORMAT_VERSION, MAX_NAMESPACES, Backend
+from ...errors import ConfigError, UnsupportedStrategyError
 from ...models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
 from ...naming import validate_job_name, validate_prefix
 from ...readmodel import dump_meta, history_reader, page_jobs
 from ...records import record_ms
 from ...url import check_redis_url, mask_url, split_namespace_params
-from ..common import check_format_value, parse_flag, refuse_write, time_ms
+from ..common import check_format_value, missing_store, parse_flag, refuse_write, time_ms
 from ..storeerrors import StoreErrors
 from .acks import AckedCommands, check_acks, pipelining_client, split_acks_param
 from .clients import (
@@ -71,6 +71,8 @@ __all__ = ["Idmp", "Lease", "RedisBackend", "Script", "StreamId", "ValkeyBackend
 log = logging.getLogger("anarchon.redis")
 #: Job names listed by one ``SADD`` at most.
 _REGISTER_BATCH = 500
+#: The bounds of :meth:`RedisBackend.namespaces`: ``SCAN`` calls, and keys each looks at.
+SCAN_CALLS, SCAN_COUNT = 10, 1_000
 _OTHERS = "'lease' (the default), 'stream-id' or 'script', which work on Redis 5+ and Valkey"
 
 
@@ -188,30 +190,56 @@ class RedisBackend(Backend):
         assert self._conn is not None
         return self._conn
 
-    async def start(self) -> None:
-        """Connect, check the server supports the strategy and check the store format."""
+    def _connect(self) -> Commands:
+        """The connection, opened if need be (nothing sent yet)."""
         if self._conn is None:
             conn = open_client(self._url if self._url is not None else self._options or {},
                                cluster=self._cluster,
                                **({} if self._lease_ms is None else {"lease_ms": self._lease_ms}))
             conn.errors = StoreErrors(self.describe, classify)
             self._conn = conn
-        conn = self._conn
+        return self._conn
+
+    async def start(self) -> None:
+        """Connect, check the server supports the strategy and check the store format."""
+        conn = self._connect()
         key = redis_key(self.prefix, "format")
         if self.read_only:
             # INFO needs more than reads; a reader runs no strategy, so skip the check.
             found = await LuaScript.load("format_read").run(conn, [key], [], read_only=True)
             if found is None:
-                raise StoreNotSetUp(
-                    f"{self.describe()}: there is no {key!r} key, so the store was never "
-                    "set up (or the prefix or database is wrong); start a backend without "
-                    "read_only=True on it first"
-                )
+                raise await missing_store(self, "prefix", self.prefix,
+                                          f"there is no {key!r} key in this database")
         else:
             await self._check_server(conn)
             found = await LuaScript.load("format").run(conn, [key], [FORMAT_VERSION])
         check_format_value(found)
         log.debug("started %s", self.describe())
+
+    async def namespaces(self) -> list[str] | None:
+        """The prefixes of this database that hold a ``<prefix>format`` key.
+
+        A bounded ``SCAN`` (at most :data:`SCAN_CALLS` calls of ``COUNT``
+        :data:`SCAN_COUNT`) for ``*:format`` keys whose value is a format number; reads
+        only. None on a cluster, where one node's keys would be a partial answer.
+        """
+        if self._cluster:
+            return None
+        conn = self._connect()  # no start(): the namespace of this backend may not exist
+        keys: set[str] = set()
+        cursor = "0"
+        for _ in range(SCAN_CALLS):
+            reply = await conn.call("SCAN", cursor, "MATCH", "*:format", "COUNT", SCAN_COUNT)
+            if not isinstance(reply, list) or len(reply) != 2:
+                return None  # a cluster client answering per node
+            cursor = str(reply[0])
+            keys.update(str(k) for k in reply[1] or [])
+            if cursor == "0":
+                break
+        candidates = sorted(keys)[:MAX_NAMESPACES]
+        values = await conn.call_many([("GET", k) for k in candidates])
+        return [k[:-len("format")] for k, v in zip(candidates, values, strict=True)
+                if isinstance(v, str) and v.isdigit()]
 
     async def _check_server(self, conn: Commands) -> None:
         info = parse_info(await LuaScript.load("server_info").run(conn, [], []))
