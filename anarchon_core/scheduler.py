@@ -48,7 +48,7 @@ from .models import (
 from .naming import validate_instance_id, validate_job_name
 from .options import DEFAULT_LEASE_MS, JobOptions, validate_history, validate_lease_timings
 from .schedules import CronSchedule, Schedule, every_schedule, ms_to_datetime
-from .slots import slot_from_datetime
+from .slots import slot_from_datetime, slot_to_datetime
 from .supervision import LoopGuard
 from .sync import SyncScheduler
 from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
@@ -857,14 +857,7 @@ class Scheduler:
         if hi < lo or hi > now:
             raise ConfigError(f"invalid backfill range {_iso(lo)} to {_iso(hi)}: expected "
                               f"start ≤ end ≤ now ({_iso(now)})")
-        slots: list[int] = []
-        at = job.schedule.latest_at_or_before(lo - 1)
-        while (at := job.schedule.next_after(at)) <= hi:
-            if len(slots) == limit:
-                raise ConfigError(f"{name}: more than {limit} slots from {_iso(lo)} to "
-                                  f"{_iso(hi)}; backfill a shorter range or raise the limit "
-                                  "(limit=, or --limit of anarchon backfill)")
-            slots.append(at)
+        slots = _backfill_slots(name, job.schedule, lo, hi, limit)
         done = await self._succeeded_slots(name, lo)
         runs: list[Run] = []
         with self._manual_threads() as threads:
@@ -1443,12 +1436,31 @@ def _slots_between(schedule: Schedule, after: int, upto: int, limit: int) -> lis
     return out[::-1]
 
 
+def _backfill_slots(name: str, schedule: Schedule, lo: int, hi: int, limit: int) -> list[int]:
+    """The slots of ``schedule`` from ``lo`` to ``hi`` (inclusive); ConfigError past ``limit``."""
+    slots: list[int] = []
+    try:
+        at = schedule.latest_at_or_before(lo - 1)
+        while (at := schedule.next_after(at)) <= hi:
+            if len(slots) == limit:
+                raise ConfigError(f"{name}: more than {limit} slots from {_iso(lo)} to "
+                                  f"{_iso(hi)}; backfill a shorter range or raise the limit "
+                                  "(limit=, or --limit of anarchon backfill)")
+            slots.append(at)
+    except OverflowError:  # a cron schedule's slots are datetimes: none before 0001-01-01
+        raise ConfigError(f"invalid backfill range {_iso(lo)} to {_iso(hi)}: {name}'s slots "
+                          "cannot be computed that close to 0001-01-01 or 9999-12-31; start "
+                          "later") from None
+    return slots
+
+
 def _as_slot(value: datetime | int, what: str) -> int:
     if isinstance(value, datetime):
         return slot_from_datetime(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"invalid {what} {value!r}: expected an aware datetime or int ms "
                           "since the epoch")
+    slot_to_datetime(value)  # ConfigError outside 0001-01-01..9999-12-31 UTC
     return value
 
 
