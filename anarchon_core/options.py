@@ -143,7 +143,7 @@ def _check_jitter(schedule: Schedule, jitter: int, *, given: bool, now_ms: int) 
 class JobOptions:
     """The options of one job, validated, with defaults filled in.
 
-    See the table in ``SPEC.md`` §3; ``max_late_ms`` defaults to the gap between slots
+    See Job options in ``docs/concepts.md``; ``max_late_ms`` defaults to the gap between slots
     capped at 60 s (at least ``jitter_ms`` + 1 s). Durations are whole milliseconds
     (an int or a :class:`~datetime.timedelta`) up to :data:`MAX_DURATION_MS` (3650 days);
     ``jitter_ms`` must be smaller than the smallest gap between the job's slots;

@@ -8,7 +8,7 @@ claim of a fresh run (the winning path; 100 jobs in turn, as a service with many
 would), for ``lease`` also a backup's check of a live run (the ``running`` answer), and
 the floor ``SET <key> <token> NX PX 30000``, the cheapest atomic "first writer wins" Redis
 has. For ``lease``, two more rows split a claim's cost above the floor. "Its six commands
-alone" is the least a claim script on the key layout of SPEC §4.1 can cost: it makes only
+alone" is the least a claim script on the documented key layout can cost: it makes only
 the commands a won claim makes (``TIME``, ``HGET`` of the run's state, then one write to
 each of ``state``, ``active``, ``slots`` and ``runs``) and decides nothing. "Its script
 alone" is the claim script with its arguments built beforehand. The script row minus the
@@ -53,7 +53,7 @@ from .common import (
 )
 
 JOBS = 100
-#: The six commands of a won lease claim (SPEC §4.1 layout), with no decision around them.
+#: The six commands of a won lease claim (the documented key layout), with no decision around them.
 SIX_COMMANDS = """
 redis.call('TIME')
 redis.call('HGET', KEYS[1], ARGV[1])

@@ -1,4 +1,4 @@
-"""Every bad input of SPEC §2-§3 is a ConfigError naming the value, raised where it is given."""
+"""Every bad schedule or job option is a ConfigError naming the value, raised where it is given."""
 
 from __future__ import annotations
 

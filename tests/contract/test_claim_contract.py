@@ -1,4 +1,4 @@
-"""The claim-only backend contract (SPEC §4, §4.3) on every claim-only store.
+"""The claim-only backend contract on every claim-only store.
 
 A claim-only backend answers ``won`` to the first claim of a run and ``taken`` to every
 other, keeps a history ``history()`` can read, refuses late first claims, keeps manual

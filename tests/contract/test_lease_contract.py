@@ -1,4 +1,4 @@
-"""The lease-backend contract: the decision table of SPEC §4.1 on every lease store.
+"""The lease-backend contract: the decision table (docs/concepts.md) on every lease store.
 
 Every test drives the backend directly (no scheduler), with short leases and the store's
 own clock, so what is checked is the store's behaviour, not the scheduler's timing.

@@ -1,4 +1,4 @@
-"""Redis and Valkey backends (SPEC §4.1): see :mod:`.backend` for the options."""
+"""Redis and Valkey backends (docs/backends/redis.md): see :mod:`.backend` for the options."""
 
 from .backend import (
     Idmp,

@@ -1,4 +1,6 @@
-"""Redis and Valkey: :class:`RedisBackend` and :class:`ValkeyBackend` (SPEC §4.1).
+"""Redis and Valkey: :class:`RedisBackend` and :class:`ValkeyBackend`.
+
+The user guide is ``docs/backends/redis.md``.
 
 ``RedisBackend(redis=..., strategy="lease", prefix="cron:")``:
 

@@ -1,4 +1,6 @@
-"""Every Redis key anarchon uses, built by one function (the layout is part of SPEC §4.1).
+"""Every Redis key anarchon uses, built by one function (the layout is part of the format).
+
+The Keys section of ``docs/backends/redis.md`` documents it for users.
 
 With the ``lease`` strategy all keys of a job share the hash tag ``{<prefix><job>}``, so
 Redis Cluster keeps them on one node and each script touches one hash slot::

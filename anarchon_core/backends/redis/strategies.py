@@ -29,7 +29,7 @@ def _int_in(name: str, value: object, low: int, high: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class Strategy:
-    """Base of the strategies: ``name`` as in the SPEC, ``leases`` if it holds leases."""
+    """Base of the strategies: ``name`` as ``strategy=`` takes it, ``leases`` if it holds leases."""
 
     name: ClassVar[str]
     leases: ClassVar[bool] = False
