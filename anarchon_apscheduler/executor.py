@@ -34,6 +34,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import math
 import pickle
 import threading
 import time
@@ -154,6 +155,19 @@ def _check_id_and_trigger(job: Any, *, new: bool) -> None:
         raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") from None
 
 
+#: The longest claim_timeout_s accepted (s): a claim that blocks longer helps nobody.
+MAX_CLAIM_TIMEOUT_S = 86_400.0
+
+
+def _claim_timeout(value: object) -> float:
+    """``claim_timeout_s`` as seconds; ConfigError naming it for anything but 0 < s ≤ a day."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not math.isfinite(value) or not 0 < value <= MAX_CLAIM_TIMEOUT_S:
+        raise ConfigError(f"invalid claim_timeout_s {value!r}: expected a number of seconds, "
+                          f"more than 0 and at most {MAX_CLAIM_TIMEOUT_S:.0f}")
+    return float(value)
+
+
 class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
     """An APScheduler 3 executor that runs each firing once across all processes.
 
@@ -168,7 +182,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         then stopped by :meth:`shutdown`). Its job names must not clash with job ids.
     :param instance_id, lease_ms, heartbeat_ms, history_size, history_ttl_ms: for the
         anarchon scheduler made from ``backend`` (see :class:`~anarchon_core.Scheduler`).
-    :param claim_timeout_s: the longest a claim may block the APScheduler thread.
+    :param claim_timeout_s: the longest a claim may block the APScheduler thread, in
+        seconds (more than 0, at most a day).
     :param job_defaults: anarchon job options for every job: ``max_late_ms`` (instead of
         the one derived from ``misfire_grace_time``), ``overlap`` (instead of the one
         derived from ``max_instances``), ``max_attempts`` (lease backends: attempts before a
@@ -184,6 +199,7 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
                  history_size: int = 1000, history_ttl_ms: int | None = None,
                  claim_timeout_s: float = 30.0, **job_defaults: Any) -> None:
         super().__init__()
+        self._claim_timeout_s = _claim_timeout(claim_timeout_s)
         if inner is None:
             inner = ThreadPoolExecutor()
         if not isinstance(inner, BaseExecutor) or isinstance(inner, AnarchonExecutor):
@@ -211,9 +227,6 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         self._leases = self._anarchon.backend.supports_leases
         JobOptions.build(None, dict(job_defaults), leases=self._leases, now_ms=0)
         self._job_defaults: dict[str, Any] = dict(job_defaults)
-        if claim_timeout_s <= 0:
-            raise ConfigError(f"invalid claim_timeout_s {claim_timeout_s!r}: expected > 0")
-        self._claim_timeout_s = float(claim_timeout_s)
         self._owns_anarchon = False
         self._defined: dict[str, dict[str, Any]] = {}
         self._define_lock = threading.RLock()
@@ -348,8 +361,10 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
                          ) -> dict[str, Any]:
         """The job's anarchon options, or ConfigError in APScheduler's terms."""
         options = self._options(grace, max_instances, trigger, lag)
-        built = JobOptions.build(None, dict(options), leases=self._leases, now_ms=0)
         try:
+            # An option out of range (misfire_grace_time=10**12) is refused here too, and
+            # reported like one the store cannot keep: naming the job and what to change.
+            built = JobOptions.build(None, dict(options), leases=self._leases, now_ms=0)
             self._anarchon.backend.check_job(name, built)
         except ConfigError as exc:
             if "max_late_ms" in self._job_defaults:

@@ -388,6 +388,25 @@ def test_bad_options_are_config_errors(url: str) -> None:
         AnarchonExecutor(backend=url, max_late_ms=-1)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), "abc", -1, 0, True, None,
+                                     1e300])
+def test_a_bad_claim_timeout_is_refused_at_construction(url: str, timeout: Any) -> None:
+    with pytest.raises(ConfigError, match=r"^invalid claim_timeout_s .*: expected a number"):
+        AnarchonExecutor(backend=url, claim_timeout_s=timeout)
+
+
+def test_a_misfire_grace_time_out_of_range_names_the_job_and_the_option(url: str) -> None:
+    scheduler = BackgroundScheduler(executors={"default": AnarchonExecutor(backend=url)},
+                                    timezone="UTC")
+    scheduler.add_job(ok, "cron", second="*", id="huge", misfire_grace_time=10**12)
+    with pytest.raises(ConfigError) as info:
+        scheduler.start()
+    message = str(info.value)
+    assert message.startswith("job 'huge': misfire_grace_time=1000000000000 s"), message
+    assert "give it a smaller misfire_grace_time" in message
+    assert scheduler.state == STATE_STOPPED
+
+
 # ---------------------------------------------------------------------- limited stores
 
 
