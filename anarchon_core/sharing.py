@@ -50,7 +50,14 @@ async def acquire(backend: Backend, user: object) -> None:
         use = _USES[backend] = _Use(loop)
     async with use.lock:
         if not use.users:
-            await backend.start()
+            try:
+                await backend.start()
+            except BaseException:
+                # A failed start (no store in a read-only namespace, a newer format, the
+                # store down) leaves no connection open: the next use opens it again.
+                with contextlib.suppress(Exception):
+                    await backend.stop()
+                raise
         use.users.add(id(user))
 
 

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 import redis
 
+from anarchon_core import Scheduler
 from anarchon_core.backend import Backend
 from anarchon_core.backends.postgres import PostgresBackend
 from anarchon_core.backends.redis import RedisBackend
@@ -198,6 +199,22 @@ def test_postgres_namespaces_are_the_tables_with_a_format_record(
         drop_tables(pg, [f"{home}.plain", f"{home}.{other}", f"{away}.runs"])
         for schema in (home, away):
             pg.execute(f'DROP SCHEMA IF EXISTS "{schema}"')
+
+
+def test_a_failed_read_leaves_no_connection_open(pg: psycopg.Connection[Any]) -> None:
+    """A reader that found no store is closed again, though nobody called stop()."""
+    name = ns()
+    url = f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}application_name={name}"
+    reader = Scheduler(PostgresBackend(url, table=name, read_only=True))
+
+    async def read() -> None:
+        with pytest.raises(StoreNotSetUp):
+            await reader.history(name)
+
+    run(read())
+    sessions = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                          (name,)).fetchone()
+    assert sessions == (0,)
 
 
 # ---------------------------------------------------------------------------- Redis
