@@ -25,7 +25,6 @@ from anarchon_core import (
     Run,
     RunPage,
     Scheduler,
-    StoreError,
     StoreNotSetUp,
     mask_url,
     slot_to_datetime,
@@ -55,21 +54,22 @@ def local(moment: datetime | None) -> datetime | None:
     return None if moment is None else timezone.localtime(moment)
 
 
-def not_set_up(exc: BaseException) -> bool:
-    """Whether a read-only open failed because nothing was ever written to the store.
-
-    A fresh namespace (no worker started yet, no ``migrate`` for a URL backend) holds no
-    history: readers show it as empty rather than as an error.
-    """
-    return isinstance(exc, StoreNotSetUp)
+#: What a reader says after "no anarchon store" in Django's terms.
+_SET_UP_HINT = (" (ANARCHON's TABLE or PREFIX names it; a worker, manage.py anarchon, sets "
+                "it up when it starts; for a database BACKEND, run manage.py migrate)")
 
 
 def store_error(exc: BaseException) -> str:
-    """One line about a failed read, with any credential masked."""
+    """One line about a failed read, with any credential masked.
+
+    A namespace that holds no anarchon store (a typo in ``TABLE``/``PREFIX``, or no worker
+    started yet) is said as such, with the namespaces that do exist when the store lists
+    them; readers never create it.
+    """
     text = " ".join(str(exc).split()) or type(exc).__name__
     if not isinstance(exc, AnarchonError):
         text = f"{type(exc).__name__}: {text}"
-    return mask_url(text)[:500]
+    return mask_url(text)[:900] + (_SET_UP_HINT if isinstance(exc, StoreNotSetUp) else "")
 
 
 # ---------------------------------------------------------------------------- history
@@ -128,13 +128,8 @@ def history_page(reader: Scheduler, *, job: str | None, status: str | None,
     :data:`SEARCH_SCAN` runs per page, and the cursor then continues the search.
     """
     decode_cursor(before)  # a bad cursor is the caller's error, whatever the store holds
-    try:
-        return _history_page(reader, job=job, status=status, runner=runner, search=search,
-                             limit=limit, before=before)
-    except StoreError as exc:
-        if not_set_up(exc):
-            return HistoryPage([], None)
-        raise
+    return _history_page(reader, job=job, status=status, runner=runner, search=search,
+                         limit=limit, before=before)
 
 
 def _history_page(reader: Scheduler, *, job: str | None, status: str | None,
@@ -272,8 +267,7 @@ def job_rows(scheduler: Scheduler, reader: Scheduler | None, *,
         try:
             last = reader.sync.job_names()
         except Exception as exc:  # noqa: BLE001 - shown on the page
-            if not not_set_up(exc):
-                error = store_error(exc)
+            error = store_error(exc)
             reader = None
     for name, run in last.items():
         row = rows.setdefault(name, JobRow(name, "", False))

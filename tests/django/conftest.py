@@ -142,3 +142,43 @@ def db_store(request: pytest.FixtureRequest, settings: Any,
              anarchon_reset: None) -> Iterator[Store]:
     """ANARCHON set to each database alias in turn (``BACKEND = "<alias>"``)."""
     yield from _use(request.param, settings)
+
+
+def typo(store: Store) -> tuple[str, str]:
+    """The setting that names ``store``'s namespace, and a value naming none (a typo)."""
+    if store.alias is not None:
+        return "TABLE", f"{store.anarchon['TABLE']}x"
+    return "PREFIX", f"{store.anarchon['PREFIX'][:-1]}x:"
+
+
+def namespace_exists(store: Store, name: str) -> bool:
+    """Whether anything of namespace ``name`` is in ``store`` (a table, or a Redis key)."""
+    if store.alias is not None:
+        from django.db import connections  # noqa: PLC0415
+
+        tables = set(connections[store.alias].introspection.table_names())
+        return bool({name, f"{name}_meta"} & tables)
+    import redis  # noqa: PLC0415
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return any(True for _ in client.scan_iter(match=f"*{name}*", count=1000))
+    finally:
+        client.close()
+
+
+def set_up(store: Store) -> None:
+    """Set up ``store``'s namespace as a worker's start does (a database's table is there)."""
+    import asyncio  # noqa: PLC0415
+
+    from anarchon_django import conf  # noqa: PLC0415
+
+    backend = conf.build_backend(conf.load())
+
+    async def start_and_stop() -> None:
+        try:
+            await backend.start()
+        finally:
+            await backend.stop()
+
+    asyncio.run(start_and_stop())

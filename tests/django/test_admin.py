@@ -15,10 +15,10 @@ from django.test import Client
 from django.urls import NoReverseMatch, reverse
 
 import anarchon_django
-from anarchon_core import JobContext, Run, slot_from_datetime
+from anarchon_core import JobContext, Run, StoreNotSetUp, slot_from_datetime
 from anarchon_django import registry, views
 from anarchon_django.registry import Declaration
-from tests.django.conftest import Store
+from tests.django.conftest import Store, namespace_exists, typo
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
 HISTORY = "/admin/anarchon_django/run/"
@@ -62,8 +62,11 @@ def rows(html: str) -> list[dict[str, str]]:
 
 def history_of(job: str) -> list[Run]:
     """The job's history; empty when nothing was ever written to the store."""
-    page = views.history_page(anarchon_django.get_reader(), job=job, status=None,
-                              runner=None, search=None, limit=50, before=None)
+    try:
+        page = views.history_page(anarchon_django.get_reader(), job=job, status=None,
+                                  runner=None, search=None, limit=50, before=None)
+    except StoreNotSetUp:
+        return []
     return page.runs
 
 
@@ -182,6 +185,22 @@ def test_jobs_page(store: Store, admin_client_: Client) -> None:
     assert "manual: failed" in job_rows["testapp.fail"]
     assert job_rows["testapp.note"].count('value="Run now"') == 1
     assert job_rows["testapp.note"].count('class="st-') == views.TIMELINE_SLOTS
+
+
+@pytest.mark.parametrize("page", [HISTORY, JOBS])
+def test_a_page_over_a_namespace_with_no_store_says_so_and_creates_nothing(
+        store: Store, settings: Any, admin_client_: Client, page: str) -> None:
+    key, name = typo(store)
+    settings.ANARCHON = {**store.anarchon, key: name}
+    response = admin_client_.get(page)
+    assert response.status_code == 200
+    html = unescape(response.content.decode())
+    errors = re.findall(r'<li class="error">(.*?)</li>', html, re.S)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("no anarchon store in ")
+    assert name in errors[0]
+    assert "ANARCHON's TABLE or PREFIX names it" in errors[0]
+    assert not namespace_exists(store, name)
 
 
 def test_timeline_colours_scheduled_slots(db_store: Store, admin_client_: Client) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -19,7 +20,7 @@ from django.db import connections
 import anarchon_django
 from anarchon_django import registry
 from anarchon_django.management.commands.anarchon import _ensure_logging
-from tests.django.conftest import Store
+from tests.django.conftest import Store, namespace_exists, set_up, typo
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django"
@@ -33,6 +34,7 @@ def anarchon(capsys: pytest.CaptureFixture[str], *args: str, **options: Any) -> 
 
 def test_jobs_lists_schedule_next_run_and_last_result(
         store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    set_up(store)
     out = anarchon(capsys, "jobs")
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "next run (Europe/Athens)" in out.splitlines()[0]
@@ -47,6 +49,7 @@ def test_jobs_lists_schedule_next_run_and_last_result(
 
 
 def test_history_filters(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    set_up(store)
     assert anarchon(capsys, "history").strip() == "no runs"
     anarchon(capsys, "run", "testapp.note")
     with pytest.raises(CommandError):
@@ -138,6 +141,23 @@ def test_check_reports_a_missing_table(db_store: Store, settings: Any) -> None:
     with pytest.raises(CommandError, match=r"run manage\.py migrate") as error:
         call_command("anarchon", "check")
     assert error.value.returncode == 1
+
+
+@pytest.mark.parametrize("args", [("history",), ("history", "testapp.note"), ("jobs",),
+                                  ("check",)])
+def test_reads_of_a_namespace_with_no_store_exit_1_and_create_nothing(
+        store: Store, settings: Any, capsys: pytest.CaptureFixture[str],
+        args: tuple[str, ...]) -> None:
+    key, name = typo(store)
+    settings.ANARCHON = {**store.anarchon, key: name}
+    with pytest.raises(CommandError, match=f"no anarchon store in .*{re.escape(name)}") as error:
+        call_command("anarchon", *args)
+    assert error.value.returncode == 1
+    assert "\n" not in str(error.value)
+    assert "ANARCHON's TABLE or PREFIX names it" in str(error.value)
+    if args == ("jobs",):  # the declared jobs still show, then why their results do not
+        assert "testapp.note" in capsys.readouterr().out
+    assert not namespace_exists(store, name)
 
 
 def test_check_reports_a_newer_store_format(db_store: Store,

@@ -30,21 +30,17 @@ from anarchon_core import (
     Scheduler,
     StoreError,
     StoreFormatError,
+    StoreNotSetUp,
     StoreUnavailable,
     UnsupportedStrategyError,
     mask_url,
 )
-from anarchon_core.cli.history import (
-    HistoryAnswer,
-    add_history_options,
-    format_history,
-    read_history,
-)
+from anarchon_core.cli.history import add_history_options, format_history, read_history
 from anarchon_core.cli.main import add_log_format_option, add_metrics_options, seconds_arg
 from anarchon_core.logjson import install_log_handler
 
 from ... import conf, registry, runtime
-from ...views import local, not_set_up, store_error
+from ...views import local, store_error
 
 log = logging.getLogger("anarchon.django")
 T = TypeVar("T")
@@ -143,14 +139,10 @@ class Command(BaseCommand):
         jobs = scheduler.jobs()
         last: dict[str, Run | None] = {}
         failure: str | None = None
-        note = ""
         try:
             last = self._read(options, lambda r: r.job_names())
-        except (AnarchonError, OSError) as exc:
-            if not_set_up(exc):
-                note = "(no run recorded yet: the store is set up when a worker starts)"
-            else:
-                failure = store_error(exc)
+        except (AnarchonError, OSError) as exc:  # no store there too: the jobs, then why
+            failure = store_error(exc)
         zone = timezone.get_current_timezone_name()
         self.stdout.write(f"{'job':<24} {'schedule':<34} {'next run (' + zone + ')':<26} "
                           "last result")
@@ -165,8 +157,6 @@ class Command(BaseCommand):
         if not jobs:
             self.stdout.write("(no jobs declared: add @anarchon_django.every/cron in an "
                               "app's jobs.py)")
-        if note:
-            self.stdout.write(note)
         if failure:
             raise CommandError(f"could not read the last results: {failure}",
                                returncode=EXIT_FAILED)
@@ -178,10 +168,8 @@ class Command(BaseCommand):
             answer = self._read(options, lambda r: read_history(
                 r, job, limit, status=options.get("status"), runner=options.get("runner")))
         except (AnarchonError, OSError) as exc:
-            if not not_set_up(exc):
-                raise CommandError(f"could not read history: {store_error(exc)}",
-                                   returncode=EXIT_FAILED) from exc
-            answer = HistoryAnswer([], "no runs")
+            raise CommandError(f"could not read history: {store_error(exc)}",
+                               returncode=EXIT_FAILED) from exc
         if answer.unknown:
             raise CommandError(answer.message, returncode=EXIT_USAGE)
         self.stdout.write(answer.text())
@@ -238,12 +226,10 @@ class Command(BaseCommand):
             raise CommandError(f"store unreachable: {store_error(exc)}",
                                returncode=EXIT_FAILED) from exc
         except StoreError as exc:
-            if parsed.database is not None:
-                raise CommandError(f"store: {store_error(exc)} (run manage.py migrate)",
-                                   returncode=EXIT_FAILED) from exc
-            self.stdout.write(f"store: reachable, not set up yet; the worker sets it up on "
-                              f"start ({store_error(exc)})")
-            return
+            hint = (" (run manage.py migrate)" if parsed.database is not None and
+                    not isinstance(exc, StoreNotSetUp) else "")
+            raise CommandError(f"store: {store_error(exc)}{hint}",
+                               returncode=EXIT_FAILED) from exc
         except (AnarchonError, OSError) as exc:
             raise CommandError(f"store: {store_error(exc)}",
                                returncode=EXIT_FAILED) from exc
