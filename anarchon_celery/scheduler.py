@@ -273,11 +273,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                                 replace=True)
         core = self.settings.make_scheduler("beat")
         self.core = core
+        self._sync_jobs()  # a bad entry refuses the beat before anything is served
         if self.settings.metrics_port is not None:
             from anarchon_core.metrics.prometheus import serve_metrics  # noqa: PLC0415
 
             serve_metrics(core, self.settings.metrics_port, self.settings.metrics_addr)
-        self._sync_jobs()
         self._publisher = _Publisher(self.app, self._publish, self.settings.publish_threads)
         self._runner = _Runner(core, self._health)
         self._runner.start()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ SETTINGS = (
     "anarchon_log_format",
 )
 _OURS = "anarchon_"
+#: The core Scheduler's parameters that are settings here (its messages name them bare).
+_SCHEDULER_OPTION = re.compile(r"\b(lease_ms|heartbeat_ms|instance_id|history_size|"
+                               r"history_ttl_ms)\b")
 
 DEFAULT_LEASE_MS = 10_000
 DEFAULT_TRACK_TIMEOUT_MS = 3_600_000
@@ -279,12 +283,15 @@ class Settings:
                 f"SQLite); {backend.describe()} only claims")
         instance = self.instance_id if role == "beat" and self.instance_id else \
             f"{role}@{socket.gethostname()}:{os.getpid()}"
-        return Scheduler(
-            backend, instance_id=instance,
-            lease_ms=self.lease_ms if leases else None,
-            heartbeat_ms=self.heartbeat_ms if leases else None,
-            history_size=self.history_size, history_ttl_ms=self.history_ttl_ms,
-            handler_threads=2)
+        try:
+            return Scheduler(
+                backend, instance_id=instance,
+                lease_ms=self.lease_ms if leases else None,
+                heartbeat_ms=self.heartbeat_ms if leases else None,
+                history_size=self.history_size, history_ttl_ms=self.history_ttl_ms,
+                handler_threads=2)
+        except ConfigError as exc:  # the core names its parameters; say our settings
+            raise ConfigError(_SCHEDULER_OPTION.sub(r"anarchon_\1", str(exc))) from None
 
     def describe(self) -> str:
         """The store and namespace, with any secret masked (for the beat's banner and logs)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import sys
 import threading
 import time
@@ -196,6 +197,33 @@ def test_a_bad_entry_stops_the_beat_at_start_with_its_name() -> None:
     lazy = anarchon_celery.Scheduler(app, lazy=True)  # celery beat's banner: no connection
     assert "anarchon -> redis://127.0.0.1:1/0" in lazy.info
     assert lazy.core is None
+
+
+def test_a_beat_refused_for_a_bad_entry_serves_no_metrics() -> None:
+    port = free_port()
+    app = make_app("memory://", {"sun": {"task": "x", "schedule": a_solar()}},
+                   anarchon_backend="redis://127.0.0.1:1/0", anarchon_metrics_port=port,
+                   anarchon_metrics_addr="127.0.0.1")
+    with pytest.raises(ConfigError, match="'sun'"):
+        anarchon_celery.Scheduler(app)
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "the metrics server was left running"
+
+
+@pytest.mark.parametrize(("conf", "says"), [
+    ({"anarchon_heartbeat_ms": 10_000},
+     "invalid anarchon_heartbeat_ms 10000: must be smaller than anarchon_lease_ms (10000)"),
+    ({"anarchon_lease_ms": 3_000, "anarchon_heartbeat_ms": 5_000},
+     "invalid anarchon_heartbeat_ms 5000: must be smaller than anarchon_lease_ms (3000)"),
+    ({"anarchon_instance_id": "b" * 500},
+     "invalid anarchon_instance_id 'bbb"),
+])
+def test_scheduler_settings_are_refused_by_their_setting_name(conf: dict[str, Any],
+                                                              says: str) -> None:
+    settings = anarchon_celery.Settings.from_app(make_app("redis://127.0.0.1:1/0", {}, **conf))
+    with pytest.raises(ConfigError) as info:
+        settings.make_scheduler()
+    assert str(info.value).startswith(says), info.value
 
 
 # ------------------------------------------------------------------ what is published
