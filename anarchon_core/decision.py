@@ -5,14 +5,17 @@ Lua script), asks :func:`decide` what to do, applies the returned :class:`Decisi
 that same step, and answers with its outcome. The Redis ``lease`` Lua script and the
 PostgreSQL claim function (:mod:`anarchon_core.backends.pgfunctions`) implement this same
 table line for line; the conformance suite in ``tests/`` holds every lease backend to it.
+The first row that matches the state and the request applies; ``docs/concepts.md`` shows
+the same tables to users.
 
 =====================  ========================================  =====================
 state of (job, slot)   condition                                 write → outcome
 =====================  ========================================  =====================
+none                   the slot is more than                     none → ``early``
+                       ``EARLY_TOLERANCE_MS`` (1 s) in the
+                       future (not a manual run)
 none                   a ``missed`` request (accounting for a    record ``missed``
                        slot nobody claimed in time)              (its reason) → ``late``
-none                   the slot is more than                     none → ``early``
-                       ``EARLY_TOLERANCE_MS`` in the future
 none                   first attempt claimed later than          record ``skipped``
                        ``max_late_ms`` after the slot            (late) → ``late``
 none                   another run of the job holds a live       record ``skipped``
