@@ -33,13 +33,16 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"]
 SEEN: list[dict[str, Any]] = []
 
 
+@task
 def report(kind: str, slot_key: str = "") -> str:
-    """A task function that opts into the slot key."""
+    """A task that opts into the slot key (tasks live at module level, as Django 6 wants)."""
     SEEN.append({"kind": kind, "slot_key": slot_key})
     return kind
 
 
+@task
 def broken(kind: str) -> None:
+    """A task that fails."""
     raise RuntimeError(f"no {kind}")
 
 
@@ -67,7 +70,7 @@ def _run(name: str) -> Any:
 
 def test_every_stacked_on_task_enqueues_it_and_records_the_result(
         db_store: Store, backend: str, job_name: str) -> None:
-    decorated = anarchon_django.every(job_name, "1h", kwargs={"kind": "daily"})(task(report))
+    decorated = anarchon_django.every(job_name, "1h", kwargs={"kind": "daily"})(report)
     assert tasks.is_task(decorated)  # the decorator gives the Task back
     run = _run(job_name)
     assert run.status == "success", run.error
@@ -81,7 +84,7 @@ def test_every_stacked_on_task_enqueues_it_and_records_the_result(
 
 def test_a_failing_task_is_the_task_s_outcome_not_the_run_s(
         db_store: Store, backend: str, job_name: str) -> None:
-    anarchon_django.schedule(task(broken), cron="0 2 * * *", name=job_name,
+    anarchon_django.schedule(broken, cron="0 2 * * *", name=job_name,
                              kwargs={"kind": "report"})
     run = _run(job_name)
     assert run.status == "success", run.error
@@ -99,7 +102,7 @@ def test_dummy_backend_keeps_the_enqueued_task(db_store: Store, backend: str,
 
     # The backend's results are per thread: the run's enqueue is seen through the signal.
     signals.task_enqueued.connect(on_enqueued)
-    target = task(report)
+    target = report
     anarchon_django.schedule(target, every="10m", name=job_name, args=["weekly"])
     try:
         run = _run(job_name)
@@ -115,7 +118,7 @@ def test_dummy_backend_keeps_the_enqueued_task(db_store: Store, backend: str,
 
 
 def test_schedule_refuses_arguments_the_task_cannot_take(backend: str, job_name: str) -> None:
-    target = task(report)
+    target = report
     with pytest.raises(ConfigError, match="JSON"):
         anarchon_django.schedule(target, every="1h", name=job_name, args=[object()])
     with pytest.raises(ConfigError, match="does not accept"):
@@ -126,7 +129,7 @@ def test_schedule_refuses_arguments_the_task_cannot_take(backend: str, job_name:
         anarchon_django.schedule(target, every="1h", name=job_name,
                                  kwargs={"kind": "x", "slot_key": "mine"})
     with pytest.raises(ConfigError, match=r"takes a django\.tasks Task"):
-        anarchon_django.schedule(report, every="1h", name=job_name)
+        anarchon_django.schedule(report.func, every="1h", name=job_name)
     assert job_name not in {d.name for d in registry.declarations()}
 
 
@@ -135,11 +138,11 @@ def test_settings_entries_are_checked_with_their_names(settings: Any, backend: s
     settings.ANARCHON = {**settings.ANARCHON, "TASKS": {
         "no-task": {"cron": "0 2 * * *"},
         "bad-path": {"task": "tests.django.nowhere.report", "every": "1h"},
-        "not-a-task": {"task": "tests.django.test_tasks.report", "every": "1h"},
-        "typo": {"task": "tests.django.test_tasks.REPORT_TASK", "crn": "0 2 * * *"},
-        "bad-cron": {"task": "tests.django.test_tasks.REPORT_TASK", "cron": "0 25 * * *",
+        "not-a-task": {"task": "tests.django.test_tasks.SEEN", "every": "1h"},
+        "typo": {"task": "tests.django.test_tasks.report", "crn": "0 2 * * *"},
+        "bad-cron": {"task": "tests.django.test_tasks.report", "cron": "0 25 * * *",
                      "kwargs": {"kind": "x"}},
-        "bad-kwargs": {"task": "tests.django.test_tasks.REPORT_TASK", "every": "1h",
+        "bad-kwargs": {"task": "tests.django.test_tasks.report", "every": "1h",
                        "kwargs": {"when": "now"}},
     }}
     found = [m for m in checks.run_checks(tags=["anarchon"]) if m.id == "anarchon.E012"]
@@ -159,7 +162,7 @@ def test_settings_entries_are_checked_with_their_names(settings: Any, backend: s
 def test_settings_entry_is_scheduled(db_store: Store, settings: Any, backend: str) -> None:
     name = f"nightly-{uuid.uuid4().hex[:6]}"
     settings.ANARCHON = {**settings.ANARCHON, "TASKS": {name: {
-        "task": "tests.django.test_tasks.REPORT_TASK", "cron": "0 2 * * *",
+        "task": "tests.django.test_tasks.report", "cron": "0 2 * * *",
         "tz": "Europe/Athens", "kwargs": {"kind": "nightly"}, "max_late_ms": 60_000}}}
     try:
         assert [m for m in checks.run_checks(tags=["anarchon"]) if m.level >= checks.ERROR] == []
@@ -245,14 +248,3 @@ def test_atomic_needs_the_project_database(store: Store, job_name: str) -> None:
     assert run.status == "failed"
     assert "database alias" in (run.error or "")
 
-
-REPORT_TASK: Any = None
-
-
-@pytest.fixture(autouse=True)
-def _report_task(backend: str) -> Iterator[None]:
-    """``REPORT_TASK``: the ``report`` task, for the settings entries to import."""
-    global REPORT_TASK  # noqa: PLW0603
-    REPORT_TASK = task(report)
-    yield
-    REPORT_TASK = None
