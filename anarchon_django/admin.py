@@ -4,9 +4,12 @@
 filtered, searched and paginated through the read model.
 
 Both pages are custom views over the store, for every backend; the models behind the two
-index entries have no table (see :mod:`anarchon_django.models`). Staff only: viewing needs
-``anarchon_django.view_job`` / ``view_run``, "run now" needs ``anarchon_django.run_job``.
-Nothing can be added, changed or deleted.
+index entries have no table (see :mod:`anarchon_django.models`). They extend Django's own
+change-list template, so breadcrumbs, dark mode and translations are the admin's own.
+"Jobs" also shows the live workers (from the fleet's registry records). Staff only:
+viewing needs ``anarchon_django.view_job`` / ``view_run``, "run now" needs
+``anarchon_django.run_job``, "pause" and "resume" (for every worker) need
+``anarchon_django.pause_job``. Nothing can be added, changed or deleted.
 
 With a custom admin site, register them on it::
 
@@ -30,13 +33,14 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from anarchon_core import Scheduler
 
-from . import runtime, views
+from . import fleet, runtime, tasklinks, views
 from .models import Job, Run
 
 __all__ = ["JobAdmin", "RunHistoryAdmin"]
 
 log = logging.getLogger("anarchon.django")
 RUN_PERMISSION = "anarchon_django.run_job"
+PAUSE_PERMISSION = "anarchon_django.pause_job"
 
 
 class _StoreAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -55,9 +59,12 @@ class _StoreAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
-        return {**self.admin_site.each_context(request), "opts": self.model._meta,
+        opts = self.model._meta
+        # Django's change-list template reads its breadcrumbs from ``cl.opts``.
+        return {**self.admin_site.each_context(request), "opts": opts, "cl": {"opts": opts},
                 "title": title, "has_view_permission": True,
-                "can_run": _can_run(request),
+                "can_run": _can(request, RUN_PERMISSION),
+                "can_pause": _can(request, PAUSE_PERMISSION),
                 "zone": timezone.get_current_timezone_name(), **extra}
 
     def _guard(self, request: HttpRequest) -> None:
@@ -65,9 +72,18 @@ class _StoreAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
 
 
-def _can_run(request: HttpRequest) -> bool:
+def _can(request: HttpRequest, permission: str) -> bool:
     user: Any = request.user  # any user model: has_perm is what the admin relies on
-    return bool(user.is_active and user.is_staff and user.has_perm(RUN_PERMISSION))
+    return bool(user.is_active and user.is_staff and user.has_perm(permission))
+
+
+def _target(request: HttpRequest, default: str) -> str:
+    """Where a POST action sends the user back: its ``next``, if it is on this site."""
+    target = request.POST.get("next") or default
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()},
+                                           require_https=request.is_secure()):
+        return default
+    return target
 
 
 def _reader(errors: list[str]) -> Scheduler | None:
@@ -125,7 +141,9 @@ class RunHistoryAdmin(_StoreAdmin):
                    if v}
         rows = [{"run": r, "scheduled": views.local(r.scheduled_at),
                  "started": views.local(r.started_at), "finished": views.local(r.finished_at),
-                 "meta": sorted(r.meta.items())} for r in page.runs]
+                 "task": tasklinks.task_link(r.meta, self.admin_site),
+                 "meta": sorted((k, v) for k, v in r.meta.items()
+                                if k not in tasklinks.TASK_KEYS)} for r in page.runs]
         context = self._context(
             request, "Run history", runs=rows, page=page, errors=errors,
             jobs=views.job_choices(scheduler, reader), statuses=views.STATUSES,
@@ -144,15 +162,22 @@ class RunHistoryAdmin(_StoreAdmin):
 
 @admin.register(Job)
 class JobAdmin(_StoreAdmin):
-    """Jobs: schedule, next run, last status, a timeline of recent slots, "run now"."""
+    """Jobs: the live workers; per job schedule, next run, last run, recent slots, actions.
+
+    The actions: "run now" in this process, and "pause" / "resume" for every worker.
+    """
 
     def get_urls(self) -> list[URLPattern]:
-        """The job table and the "run now" action."""
+        """The job table and its actions: run now, pause, resume."""
         return [
             path("", self.admin_site.admin_view(self.jobs_view),
                  name="anarchon_django_job_changelist"),
             path("run/", self.admin_site.admin_view(self.run_now_view),
                  name="anarchon_django_job_run"),
+            path("pause/", self.admin_site.admin_view(self.pause_view),
+                 name="anarchon_django_job_pause"),
+            path("resume/", self.admin_site.admin_view(self.resume_view),
+                 name="anarchon_django_job_resume"),
         ]
 
     def jobs_view(self, request: HttpRequest) -> HttpResponse:
@@ -166,10 +191,15 @@ class JobAdmin(_StoreAdmin):
             rows, error = views.job_rows(scheduler, reader)
             if error:
                 errors.append(error)
+        workers = fleet.read_fleet(reader)
+        rows = fleet.apply(workers, rows)
+        site = self.admin_site.name
         context = self._context(
-            request, "Jobs", rows=rows, errors=errors,
-            history_url=reverse(f"{self.admin_site.name}:anarchon_django_run_changelist"),
-            run_url=reverse(f"{self.admin_site.name}:anarchon_django_job_run"),
+            request, "Jobs", rows=rows, errors=errors, fleet=workers,
+            history_url=reverse(f"{site}:anarchon_django_run_changelist"),
+            run_url=reverse(f"{site}:anarchon_django_job_run"),
+            pause_url=reverse(f"{site}:anarchon_django_job_pause"),
+            resume_url=reverse(f"{site}:anarchon_django_job_resume"),
             backend=scheduler.backend.describe() if scheduler is not None else "",
             instance=scheduler.instance_id if scheduler is not None else "",
             running_here=bool(scheduler and scheduler.running),
@@ -180,14 +210,12 @@ class JobAdmin(_StoreAdmin):
         """POST ``job=<name>``: run the job now in this process, recorded as manual."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        if not _can_run(request):
+        if not _can(request, RUN_PERMISSION):
             raise PermissionDenied
         name = request.POST.get("job", "")
         history = reverse(f"{self.admin_site.name}:anarchon_django_run_changelist")
-        target = request.POST.get("next") or f"{history}?{urlencode({'job': name})}"
-        if not url_has_allowed_host_and_scheme(target, {request.get_host()},
-                                               require_https=request.is_secure()):
-            target = history
+        target = (_target(request, history) if request.POST.get("next")
+                  else f"{history}?{urlencode({'job': name})}")
         errors: list[str] = []
         scheduler = _scheduler(errors)
         if scheduler is None or name not in {j.name for j in scheduler.jobs()}:
@@ -210,4 +238,47 @@ class JobAdmin(_StoreAdmin):
         else:
             messages.warning(request, f"Manual run of {name!r} ended {result.run.status}: "
                              f"{result.run.error or 'no error text'}")
+        return HttpResponseRedirect(target)
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """POST ``job=<name>``: pause the job for every worker (slots recorded skipped)."""
+        return self._control(request, pause=True)
+
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
+        """POST ``job=<name>``: resume a paused job for every worker."""
+        return self._control(request, pause=False)
+
+    def _control(self, request: HttpRequest, *, pause: bool) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not _can(request, PAUSE_PERMISSION):
+            raise PermissionDenied
+        name = request.POST.get("job", "")
+        target = _target(request, reverse(
+            f"{self.admin_site.name}:anarchon_django_job_changelist"))
+        errors: list[str] = []
+        scheduler = _scheduler(errors)
+        if scheduler is None:
+            messages.error(request, errors[0])
+            return HttpResponseRedirect(target)
+        who = request.user.get_username()
+        verb = "pause" if pause else "resume"
+        log.info("%s asked to %s %r for every worker", who, verb, name)
+        # The admin capitalises a message's first letter: the job name never comes first.
+        try:
+            if pause:
+                scheduler.sync.pause(name, f"paused by {who} in the admin"[:500])
+            else:
+                was = scheduler.sync.resume(name)
+        except Exception as exc:  # noqa: BLE001 - reported to the user who pressed the button
+            messages.error(request, f"Could not {verb} {name!r}: {views.store_error(exc)}")
+            return HttpResponseRedirect(target)
+        if pause:
+            messages.success(request, f"Paused {name!r} for every worker: its slots are "
+                             "recorded skipped (paused) until it is resumed; run now still "
+                             "runs it.")
+        elif was:
+            messages.success(request, f"Resumed {name!r} for every worker: its next slot runs.")
+        else:
+            messages.info(request, f"Nothing to resume: {name!r} was not paused.")
         return HttpResponseRedirect(target)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from anarchon_core import (
     AnarchonError,
     ConfigError,
+    PauseInfo,
     Run,
     RunPage,
     Scheduler,
@@ -211,6 +212,13 @@ class JobRow:
     last_manual: Run | None = None
     options: dict[str, Any] = field(default_factory=dict)
     timeline: list[TimelineCell] = field(default_factory=list)
+    #: Set when the job is paused for every worker.
+    paused: PauseInfo | None = None
+
+    @property
+    def paused_at(self) -> datetime | None:
+        """When the job was paused, in the current time zone."""
+        return local(slot_to_datetime(self.paused.at_ms)) if self.paused else None
 
 
 def _recent_slots(declaration: registry.Declaration, now_ms: int, count: int) -> list[int]:

@@ -9,14 +9,16 @@ from collections.abc import Iterator
 from html import unescape
 from typing import Any
 
+import django
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import NoReverseMatch, reverse
 
+import anarchon_core
 import anarchon_django
 from anarchon_core import JobContext, Run, StoreNotSetUp, slot_from_datetime
-from anarchon_django import registry, views
+from anarchon_django import fleet, registry, views
 from anarchon_django.registry import Declaration
 from tests.django.conftest import Store, namespace_exists, typo
 
@@ -226,14 +228,15 @@ def test_timeline_colours_scheduled_slots(db_store: Store, admin_client_: Client
         registry.forget(name)
     row = re.search(rf'data-job="{re.escape(name)}">(.*?)</tr>', html, re.S)
     assert row
-    cells = re.findall(r'title="([^"]*)" data-state="(\w+)"', row.group(1))
+    cells = re.findall(r'title="([^"]*)" data-state="([\w-]+)"', row.group(1))
     states = [state for _, state in cells]
     assert len(states) == views.TIMELINE_SLOTS
     # ...unknown (before the oldest run kept), success, failed, a gap still claimable
-    # (pending, max_late_ms is 60 s here), success, then pending slots up to now.
+    # (max_late_ms is 60 s here) but by no one: no worker is alive, success, then the
+    # slots up to now, for which there is no worker either.
     first = states.index("success")
-    assert set(states[:first]) <= {"unknown", "pending"}
-    assert states[first:first + 4] == ["success", "failed", "pending", "success"]
+    assert set(states[:first]) <= {"unknown", "no-worker"}
+    assert states[first:first + 4] == ["success", "failed", "no-worker", "success"]
     assert "boom" in unescape(cells[first + 1][0])
 
 
@@ -389,3 +392,168 @@ def test_run_now_messages_keep_the_job_name_as_declared(db_store: Store,
     html = unescape(response.content.decode())
     assert f"Manual run of '{name}' succeeded in" in html
     assert f"{name.capitalize()}:" not in html
+
+
+# ------------------------------------------------------------------ Django's own look
+
+def breadcrumbs(html: str) -> tuple[str, list[str]]:
+    """The breadcrumbs' element and its items, as the page renders them."""
+    match = re.search(r'<(ol|div) class="breadcrumbs">(.*?)</\1>', html, re.S)
+    assert match, "no breadcrumbs"
+    body = match.group(2)
+    items = (re.findall(r"<li[^>]*>(.*?)</li>", body, re.S) if match.group(1) == "ol"
+             else [part.strip() for part in body.split("&rsaquo;")])
+    return match.group(1), [" ".join(item.split()) for item in items]
+
+
+def test_breadcrumbs_are_the_admins_own_in_its_language(db_store: Store, settings: Any,
+                                                        admin_client_: Client) -> None:
+    settings.LANGUAGE_CODE = "fr"
+    tag, stock = breadcrumbs(admin_client_.get("/admin/auth/group/").content.decode())
+    assert tag == ("ol" if django.VERSION >= (6, 0) else "div")
+    assert stock[0] == '<a href="/admin/">Accueil</a>'
+    for page, last in ((JOBS, "Jobs"), (HISTORY, "Run history")):
+        html = admin_client_.get(page).content.decode()
+        assert breadcrumbs(html) == (tag, [
+            stock[0], '<a href="/admin/anarchon_django/">Scheduled jobs</a>', last])
+        assert "admin/css/changelists.css" in html
+        assert "anarchon_django/admin.css" in html
+
+
+# ------------------------------------------------------------------ the fleet, pause, resume
+
+PAUSE = "/admin/anarchon_django/job/pause/"
+RESUME = "/admin/anarchon_django/job/resume/"
+
+
+def job_row(html: str, job: str) -> str:
+    match = re.search(rf'<tr class="anarchon-job" data-job="{re.escape(job)}">(.*?)</tr>',
+                      html, re.S)
+    assert match, f"no row for {job}"
+    return match.group(1)
+
+
+def test_the_jobs_page_names_the_live_workers(store: Store, admin_client_: Client) -> None:
+    html = admin_client_.get(JOBS).content.decode()
+    assert 'id="anarchon-no-worker"' in html
+    assert "none: no worker alive" in job_row(html, "testapp.report")
+    worker = anarchon_django.build_scheduler()
+    worker.sync.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # its first registry record follows start()
+            html = admin_client_.get(JOBS).content.decode()
+            if f'data-instance="{worker.instance_id}"' in html:
+                break
+            time.sleep(0.1)
+        banner = re.search(r'<div class="anarchon-fleet".*?</ul>', html, re.S)
+        assert banner, html
+        assert f'data-instance="{worker.instance_id}"' in banner.group(0)
+        assert f"version {anarchon_core.__version__}" in banner.group(0)
+        assert "1 worker alive" in banner.group(0)
+        assert "last seen " in banner.group(0)
+        assert 'id="anarchon-no-worker"' not in html
+        assert "none: no worker alive" not in job_row(html, "testapp.report")
+    finally:
+        worker.sync.stop(0)
+    html = admin_client_.get(JOBS).content.decode()  # stop() deleted its record
+    assert 'id="anarchon-no-worker"' in html
+
+
+def test_pause_and_resume_for_every_worker(store: Store) -> None:
+    pauser = user("pauser", staff=True, perms=("view_run", "view_job", "pause_job"))
+    client = client_for(pauser, csrf=True)
+    page = client.get(JOBS).content.decode()
+    row = job_row(page, "testapp.note")
+    assert 'value="Pause"' in row
+    assert 'value="Run now"' not in row  # pausing is not running
+    response = client.post(PAUSE, {"job": "testapp.note",
+                                   "csrfmiddlewaretoken": csrf_token(page)})
+    assert response.status_code == 302
+    assert response["Location"] == JOBS
+    paused = anarchon_django.get_reader().sync.paused()
+    assert set(paused) == {"testapp.note"}
+    assert paused["testapp.note"].reason == "paused by pauser in the admin"
+    html = unescape(client.get(JOBS).content.decode())
+    assert "Paused 'testapp.note' for every worker" in html
+    row = job_row(html, "testapp.note")
+    assert '<span class="anarchon-paused">paused</span>' in row
+    assert 'value="Resume"' in row
+    token = csrf_token(html)
+    response = client.post(RESUME, {"job": "testapp.note", "csrfmiddlewaretoken": token,
+                                    "next": f"{JOBS}?from=here"})
+    assert response["Location"] == f"{JOBS}?from=here"
+    assert anarchon_django.get_reader().sync.paused() == {}
+    assert "Resumed 'testapp.note' for every worker" in unescape(
+        client.get(JOBS).content.decode())
+    client.post(RESUME, {"job": "testapp.note", "csrfmiddlewaretoken": token})
+    assert "Nothing to resume: 'testapp.note' was not paused." in unescape(
+        client.get(JOBS).content.decode())
+    response = client.post(PAUSE, {"job": "testapp.note", "csrfmiddlewaretoken": token,
+                                   "next": "https://evil.example/"})
+    assert response["Location"] == JOBS  # an outside URL is never followed
+
+
+def test_pause_needs_its_permission_csrf_and_post(store: Store) -> None:
+    operator = user("operator", staff=True, perms=("view_run", "view_job", "run_job"))
+    client = client_for(operator, csrf=True)
+    page = client.get(JOBS).content.decode()
+    assert 'value="Pause"' not in page
+    for url in (PAUSE, RESUME):
+        assert client.post(url, {"job": "testapp.note", "csrfmiddlewaretoken":
+                                 csrf_token(page)}).status_code == 403
+    pauser = user("pauser", staff=True, perms=("view_job", "pause_job"))
+    assert client_for(pauser, csrf=True).post(PAUSE, {"job": "testapp.note"}
+                                              ).status_code == 403
+    assert client_for(pauser).get(PAUSE).status_code == 405
+    response = client_for(None).post(PAUSE, {"job": "testapp.note"})
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+    paused = anarchon_django.get_scheduler().sync.paused()
+    assert paused == {}
+
+
+def test_a_job_paused_elsewhere_has_a_row_to_resume_it(db_store: Store,
+                                                       admin_client_: Client) -> None:
+    anarchon_django.get_scheduler().sync.pause("billing.sync", "deploy")
+    row = job_row(admin_client_.get(JOBS).content.decode(), "billing.sync")
+    assert "not declared in this project" in row
+    assert 'value="Resume"' in row
+    assert 'value="Run now"' not in row
+
+
+def test_a_store_without_fleet_records_says_workers_are_unknown() -> None:
+    found = fleet.read_fleet(None)
+    assert not found.known
+    assert not found.none_alive
+
+
+# ------------------------------------------------------------------ run ↔ task
+
+
+def test_a_run_that_enqueued_a_task_shows_the_task(db_store: Store,
+                                                   admin_client_: Client) -> None:
+    name = f"testapp.enqueue-{uuid.uuid4().hex[:6]}"
+    reported = iter(["SUCCESSFUL", None])
+
+    def enqueue(ctx: JobContext) -> None:
+        ctx.meta.update(task_id="4f0c9e2a-task", task_backend="default",
+                        task_name="shop.tasks.report", notes="kept")
+        status = next(reported)
+        if status:
+            ctx.meta["task_status"] = status
+
+    anarchon_django.every(name, "1h", enqueue)
+    run_jobs(name, name)
+    found = rows(admin_client_.get(f"{HISTORY}?job={name}").content.decode())
+    assert len(found) == 2
+    unreported, reported_row = found[0]["html"], found[1]["html"]
+    for html in (unreported, reported_row):
+        assert 'data-task-id="4f0c9e2a-task"' in html
+        assert "<code>4f0c9e2a-task</code>" in html  # no database backend's admin: no link
+        assert "shop.tasks.report" in html
+        assert "on default" in html
+        assert "task_id=" not in html  # shown as the task, not again as meta
+        assert "notes=kept" in html
+    assert 'st-task-successful">successful</span>' in reported_row
+    assert "outcome not reported" in unreported
