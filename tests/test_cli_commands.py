@@ -206,3 +206,15 @@ def test_doctor_of_a_module_that_does_not_import(tmp_path: Path) -> None:
     out = anarchon("doctor", "nosuchmodule:scheduler", cwd=tmp_path)
     assert out.returncode == 1
     assert out.stdout.startswith("config: FAIL, no module named 'nosuchmodule'")
+
+
+def test_doctor_on_another_store_reads_it_without_creating_it(tmp_path: Path) -> None:
+    db = tmp_path / "cron.db"
+    _user_module(tmp_path, db)
+    missing = tmp_path / "typo.db"
+    out = anarchon("doctor", "myjobs:scheduler", "--backend", f"sqlite:///{missing}",
+                   cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert any(": FAIL, no anarchon store" in line for line in out.stdout.splitlines()), \
+        out.stdout
+    assert not missing.exists()

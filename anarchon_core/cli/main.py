@@ -286,7 +286,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(Finding("config", "FAIL", _one_line(exc)))
         return 1
     url = args.backend
-    reader = Scheduler(backend_from_url(url)) if url else Scheduler(scheduler.backend)
+    reader = (Scheduler(backend_from_url(url, read_only=True)) if url
+              else Scheduler(scheduler.backend))
     head = Finding("config", "ok", f"{args.target}: {len(scheduler.jobs())} job(s) on "
                                    f"{reader.backend.describe()}")
     findings = [head, *run_checks(scheduler, reader, args.timeout)]
