@@ -557,3 +557,43 @@ def test_a_run_that_enqueued_a_task_shows_the_task(db_store: Store,
         assert "notes=kept" in html
     assert 'st-task-successful">successful</span>' in reported_row
     assert "outcome not reported" in unreported
+
+
+_TASKS_DB_SITE = """
+import importlib.util, json, sys
+import django
+from django.conf import settings
+urlpatterns = []
+settings.configure(
+    SECRET_KEY="t", USE_TZ=True, ROOT_URLCONF="__main__",
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    INSTALLED_APPS=["django.contrib.admin", "django.contrib.auth",
+                    "django.contrib.contenttypes", "django.contrib.messages",
+                    "django.contrib.sessions",
+                    *([] if importlib.util.find_spec("django.tasks") else ["django_tasks"]),
+                    "django_tasks_db", "anarchon_django"],
+    TASKS={"db": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+           "now": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}},
+)
+django.setup()
+from django.contrib import admin
+from django.urls import path
+urlpatterns.append(path("admin/", admin.site.urls))
+from anarchon_django.tasklinks import task_link
+meta = {"task_id": sys.argv[1], "task_name": "shop.tasks.report", "task_status": "READY"}
+print(json.dumps([getattr(task_link({**meta, "task_backend": alias}, admin.site), "url", None)
+                  for alias in ("db", "now", "missing")]))
+"""
+
+
+def test_a_task_of_the_database_backend_links_to_its_admin_page() -> None:
+    """With django-tasks-db's admin registered, the task id opens its TaskResult's page."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    task_id = str(uuid.uuid4())
+    done = subprocess.run([sys.executable, "-c", _TASKS_DB_SITE, task_id], check=True,
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout) == [
+        f"/admin/django_tasks_database/dbtaskresult/{task_id}/change/", None, None]
