@@ -266,6 +266,10 @@ def test_live_workers_and_pause_resume(browser: Any, live_server: Any,
     worker = runtime.build_scheduler()
     worker.sync.start()
     try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(  # its first record follows start()
+                i.instance_id == worker.instance_id for i in worker.sync.status().instances):
+            time.sleep(0.1)
         open_page(browser, f"{live_server.url}{JOBS}", "#anarchon-fleet")
         listed = browser.find_element(
             By.CSS_SELECTOR, f'.anarchon-worker[data-instance="{worker.instance_id}"]')
