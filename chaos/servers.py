@@ -42,11 +42,23 @@ __all__ = ["NatsServer", "PostgresServer", "RedisClusterServer", "RedisServer", 
            "free_port", "valkey_server_binary"]
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(*, bus: bool = False) -> int:
+    """A free TCP port on 127.0.0.1 (with ``bus``, port + 10000 free too: a cluster bus)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not bus:
+            return port
+        if port + 10_000 > 65_535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port with a free cluster-bus port")
 
 
 def _port_open(port: int) -> bool:
@@ -417,24 +429,10 @@ class RedisClusterServer(StoreServer):
             raise RuntimeError("redis-server or redis-cli not found on PATH")
         self.binary, self.cli = binary, cli
         super().__init__(workdir)
-        self.ports = [self._bus_free_port() for _ in range(6)]
+        self.ports = [free_port(bus=True) for _ in range(6)]
         self.port = self.ports[0]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.failovers = 0
-
-    @staticmethod
-    def _bus_free_port() -> int:
-        for _ in range(200):
-            port = free_port()
-            if port + 10_000 > 65_535:
-                continue
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 10_000))
-                except OSError:
-                    continue
-            return port
-        raise RuntimeError("no free port with a free cluster-bus port")
 
     @property
     def url(self) -> str:

@@ -27,7 +27,8 @@ import anarchon_celery
 from anarchon_celery import __main__
 from anarchon_core import ConfigError, CronSchedule, EverySchedule
 
-from .stores.redis import Server, free_port, start_server
+from .stores.redis import Server, start_server
+from .support.helpers import free_port, wait_for
 from .test_celery_beats import redis_server  # noqa: F401 - fixture
 
 
@@ -251,13 +252,6 @@ def captured() -> Iterator[Captured]:
         yield capture
     finally:
         before_task_publish.disconnect(capture)
-
-
-def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_entry_args_kwargs_and_options_are_published_as_celery_beat_does(

@@ -12,6 +12,8 @@ import pytest
 
 from chaos.proxy import FreezableProxy
 
+from .support.helpers import free_port
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -125,9 +127,7 @@ def test_freeze_stops_bytes_keeps_socket_open_and_thaw_resumes(echo: EchoServer)
 
 
 def test_upstream_down_closes_the_client() -> None:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens on it
     with FreezableProxy(("127.0.0.1", port)) as proxy, \
             socket.create_connection(proxy.address, timeout=5) as c:
         c.settimeout(5)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,8 @@ import pytest
 
 from anarchon_core import Run
 from anarchon_core.cli.main import format_history
+
+from .support.helpers import free_port
 
 #: The installed console script, next to this interpreter (the entry point users run).
 SCRIPT = str(Path(sys.executable).with_name("anarchon"))
@@ -119,12 +120,6 @@ def test_demo_shows_every_slot_once_and_the_takeover() -> None:
     assert re.search(r"report\s+#1 \S+ interrupted \(killed\)\s+→\s+#2 \S+ success", out.stdout)
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("args", "command", "status", "says"),
     [(["run", "nonexistent_mod_zz:scheduler"], "run", 2,
@@ -167,7 +162,7 @@ def test_every_failure_is_one_line_with_a_non_zero_status(
 )
 def test_history_against_a_closed_port(template: str) -> None:
     password = "Cl1Secret%2Fx"
-    url = template.format(pw=password, port=_closed_port())
+    url = template.format(pw=password, port=free_port())
     out = anarchon("history", "tick", "--backend", url, "--timeout", "20")
     line = one_error_line(out, "history")
     assert out.returncode == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -19,20 +20,16 @@ from anarchon_core import (
     EventKind,
     JobContext,
     LeaseLost,
-    Scheduler,
 )
-from anarchon_core.backends.sqlite import SqliteBackend
 from anarchon_core.metrics.otel import OpenTelemetryMetrics
 from anarchon_core.metrics.prometheus import PrometheusMetrics
 
-from .support.procs import await_until
+from .support.helpers import QUICK_LEASE, await_until, make_scheduler
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def make(tmp_path: Path, instance_id: str, **kwargs: Any) -> Scheduler:
-    return Scheduler(SqliteBackend(tmp_path / "store.db"), instance_id=instance_id,
-                     lease_ms=600, heartbeat_ms=150, **kwargs)
+make = functools.partial(make_scheduler, **QUICK_LEASE)
 
 
 

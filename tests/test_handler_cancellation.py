@@ -10,16 +10,15 @@ up) still cancels the handler and goes on up.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 
-from anarchon_core import JobContext, LeaseLost, Scheduler
-from anarchon_core.backends.sqlite import SqliteBackend
+from anarchon_core import JobContext, LeaseLost
 
+from .support.helpers import make_scheduler
 
-def make(tmp_path: Path, **kwargs: int) -> Scheduler:
-    return Scheduler(SqliteBackend(tmp_path / "store.db", table="runs"), instance_id="host:1",
-                     **kwargs)
+make = functools.partial(make_scheduler, table="runs")
 
 
 def cancellations_pending() -> int:

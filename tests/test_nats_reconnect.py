@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -20,15 +19,10 @@ from anarchon_core.backends.nats import NatsBackend
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from .stores import unavailable
+from .support.helpers import free_port
 from .support.procs import JobSpec, grid_slots, now_ms, read_history, start_instances
 
 pytestmark = [pytest.mark.timeout(120)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class NatsServer:

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -39,6 +38,7 @@ from anarchon_core.testing import MemoryBackend
 
 from .stores import StoreHandle
 from .stores.redis import start_server
+from .support.helpers import free_port
 from .support.procs import (
     JobSpec,
     await_until,
@@ -267,12 +267,6 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------- metrics
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def test_metrics_are_served_over_http_by_anarchon_run(tmp_path: Path) -> None:
     (tmp_path / "metricjobs.py").write_text(textwrap.dedent(f"""

@@ -12,7 +12,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from anarchon_core.errors import StoreUnavailable
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from .stores import unavailable
+from .support.helpers import free_port
 from .support.procs import JobSpec, grid_slots, now_ms, read_history, start_instances
 
 pytestmark = pytest.mark.timeout(180)
@@ -45,12 +45,6 @@ def _bindir() -> Path | None:
     if initdb and (Path(initdb).resolve().parent / "postgres").exists():
         return Path(initdb).resolve().parent
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class DedicatedPostgres:

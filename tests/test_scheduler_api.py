@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
@@ -10,7 +11,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,24 +21,14 @@ import pytest
 from anarchon_core import ConfigError, JobContext, Run, Scheduler
 from anarchon_core.backends.sqlite import SqliteBackend
 
+from .support.helpers import STEADY_LEASE, await_until, make_scheduler
+
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make(tmp_path: Path, instance_id: str = "host:1", **kwargs: Any) -> Scheduler:
-    return Scheduler(SqliteBackend(tmp_path / "store.db", table="runs"),
-                     instance_id=instance_id, lease_ms=3_000, heartbeat_ms=1_000, **kwargs)
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+make = functools.partial(make_scheduler, table="runs", **STEADY_LEASE)
 
 
 def noop(ctx: JobContext) -> None:
@@ -180,7 +170,7 @@ async def test_ctx_fields_for_manual_and_scheduled_runs(tmp_path: Path) -> None:
         assert manual.manual is True
         assert manual.slot == run.slot
         await scheduler.start()
-        scheduled = await wait_for(lambda: next((c for c in seen if not c.manual), None), 5,
+        scheduled = await await_until(lambda: next((c for c in seen if not c.manual), None), 5,
                                    "a scheduled run")
         # Its end recorded before stop(): a stop meanwhile would cancel it (cancelled=True).
         deadline = time.monotonic() + 5
@@ -437,7 +427,7 @@ async def test_catch_up_runs_the_missed_slot_once(tmp_path: Path) -> None:
 
     missed = first._jobs["nightly"].schedule.latest_at_or_before(round(time.time() * 1000))
     async with first:
-        await wait_for(lambda: first_runs, 5, "the catch-up run")
+        await await_until(lambda: first_runs, 5, "the catch-up run")
         await asyncio.sleep(0.3)
     assert first_runs == [missed]
 

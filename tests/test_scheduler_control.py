@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import signal
 import subprocess
@@ -11,38 +12,27 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from anarchon_core import ConfigError, JobContext, Scheduler
+from anarchon_core import ConfigError, JobContext
 from anarchon_core.backends.sqlite import SqliteBackend
 
-from .support.procs import await_until
+from .support.helpers import STEADY_LEASE, await_until, make_scheduler, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make(backend: SqliteBackend, instance_id: str = "host:1", **kwargs: Any) -> Scheduler:
-    return Scheduler(backend, instance_id=instance_id, lease_ms=3_000, heartbeat_ms=1_000,
-                     **kwargs)
+make = functools.partial(make_scheduler, **STEADY_LEASE)
 
 
 def sqlite(tmp_path: Path, table: str = "runs") -> SqliteBackend:
     return SqliteBackend(tmp_path / "store.db", table=table)
 
 
-def wait(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 
@@ -77,7 +67,7 @@ def test_registration_on_the_main_thread_after_sync_start(tmp_path: Path) -> Non
     try:
         ran: list[int] = []
         scheduler.every("added", "1s", lambda ctx: ran.append(ctx.slot))
-        wait(lambda: ran, 5, "the job registered on the main thread to run")
+        wait_for(lambda: ran, 5, "the job registered on the main thread to run")
         with pytest.raises(ConfigError, match="already registered"):
             scheduler.every("added", "1s", lambda ctx: None)
     finally:

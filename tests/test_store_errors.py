@@ -30,7 +30,8 @@ from anarchon_core.models import ClaimRequest
 
 from .stores import unavailable
 from .stores.postgres import POSTGRES_URL
-from .stores.redis import SHARED_URL, free_port
+from .stores.redis import SHARED_URL
+from .support.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -17,6 +16,8 @@ from anarchon_core.backends.postgres import PostgresBackend
 from anarchon_core.backends.rabbitmq import RabbitMQBackend
 from anarchon_core.backends.redis import RedisBackend
 from anarchon_core.url import redact, split_namespace_params, url_secrets
+
+from .support.helpers import free_port
 
 SECRET = "s3cr3t-PW"
 
@@ -292,12 +293,6 @@ def test_redact_removes_credentials_from_any_text() -> None:
     assert redact("nothing secret here", "redis://h/0") == "nothing secret here"
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _chain(exc: BaseException | None) -> str:
     texts = []
     while exc is not None and len(texts) < 10:
@@ -319,7 +314,7 @@ def _chain(exc: BaseException | None) -> str:
 async def test_store_errors_and_logs_never_show_a_credential(
         template: str, options: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("DEBUG")
-    url = template.format(pw=NASTY_Q, token=TOKEN, port=_closed_port())
+    url = template.format(pw=NASTY_Q, token=TOKEN, port=free_port())
     backend = backend_from_url(url, **options)
     with pytest.raises(Exception) as info:
         await asyncio.wait_for(backend.start(), 30)

@@ -34,7 +34,7 @@ import pytest
 from anarchon_core import Run
 from tests.stores import unavailable
 from tests.stores.redis import SHARED_URL as REDIS_URL
-from tests.stores.redis import free_port
+from tests.support.helpers import free_port, wait_for
 from tests.support.procs import grid_slots, now_ms, read_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -110,15 +110,6 @@ def migrate(setup: Setup) -> None:
                          env=setup.env, capture_output=True, text=True, timeout=120,
                          check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def ticks(database_url: str) -> list[tuple[int, int, str]]:

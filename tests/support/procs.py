@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from anarchon_core import Run, Scheduler, backend_from_url
 from anarchon_core.cli.fleet import (
@@ -28,7 +26,7 @@ from anarchon_core.cli.fleet import (
     start_instances,
 )
 
-T = TypeVar("T")
+from .helpers import await_until, wait_for
 
 __all__ = [
     "Cluster",
@@ -106,27 +104,6 @@ def assert_exactly_once(entries: list[LedgerEntry], job: str, *,
         assert window, f"{job}: no slot ran between {lo} and {hi}"
         slots = window
     return OnceReport(slots, successes, ends, takeovers)
-
-
-def wait_for(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-async def await_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    """The asyncio twin of :func:`wait_for`: poll ``predicate`` without blocking the loop."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def grid_slots(interval_ms: int, lo: int, hi: int) -> list[int]:
