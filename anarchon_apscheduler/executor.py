@@ -180,8 +180,9 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
     :param scheduler: instead of ``backend``, an anarchon :class:`~anarchon_core.Scheduler`
         to claim through (shared with other code; started here if it is not running, and
         then stopped by :meth:`shutdown`). Its job names must not clash with job ids.
-    :param instance_id, lease_ms, heartbeat_ms, history_size, history_ttl_ms: for the
-        anarchon scheduler made from ``backend`` (see :class:`~anarchon_core.Scheduler`).
+    :param instance_id: with ``lease_ms``, ``heartbeat_ms``, ``history_size`` and
+        ``history_ttl_ms``, for the anarchon scheduler made from ``backend`` (see
+        :class:`~anarchon_core.Scheduler`).
     :param claim_timeout_s: the longest a claim may block the APScheduler thread, in
         seconds (more than 0, at most a day).
     :param job_defaults: anarchon job options for every job: ``max_late_ms`` (instead of

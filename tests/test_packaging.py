@@ -11,10 +11,15 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / ".ci" / "lowest-constraints.txt"
+TOOL_EXTRAS = ("dev", "docs")
 
 
 def _floors() -> tuple[dict[str, Version], dict[str, Version]]:
-    """Lower bounds (``>=``) of the runtime dependencies and of the dev extra's, by name."""
+    """Lower bounds (``>=``) of the runtime dependencies and of the tool extras', by name.
+
+    The tool extras (``dev``, ``docs``: tests, linters, the docs build) are not what users
+    install, so the lowest run does not pin their floors.
+    """
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime: dict[str, Version] = {}
     dev: dict[str, Version] = {}
@@ -26,7 +31,7 @@ def _floors() -> tuple[dict[str, Version], dict[str, Version]]:
                 continue
             for spec in req.specifier:
                 if spec.operator == ">=":
-                    target = dev if group == "dev" else runtime
+                    target = dev if group in TOOL_EXTRAS else runtime
                     target[canonicalize_name(req.name)] = Version(spec.version)
     return runtime, dev
 
