@@ -30,6 +30,7 @@ class StoreFormatError(AnarchonError):
             f"{supported}; upgrade anarchon on this instance or use another namespace"
         )
 
+
 class CorruptRecordError(StoreFormatError):
     """One record of the store cannot be read: a wrong type, a number out of range, bad text.
 
@@ -47,7 +48,6 @@ class CorruptRecordError(StoreFormatError):
         self.found = key
         self.supported = FORMAT_VERSION
         AnarchonError.__init__(self, f"{self.code}: corrupt record {key}: {detail}")
-
 
 
 class StoreError(AnarchonError):

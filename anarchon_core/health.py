@@ -13,9 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+from .errors import StoreUnavailable
 from .events import EventBus, EventKind
+
+T = TypeVar("T")
 
 __all__ = ["StoreHealth"]
 
@@ -51,6 +55,21 @@ class StoreHealth:
     def down(self) -> bool:
         """True from a failed store call until the next successful one."""
         return self.down_since is not None
+
+    async def timed(self, call: str, request: Awaitable[T]) -> T:
+        """Await one store call and report it: its duration, and a failure or a success.
+
+        :class:`~anarchon_core.StoreUnavailable` is reported and raised again; any other
+        answer (whatever it says) counts as the store answering.
+        """
+        started = time.monotonic()
+        try:
+            answer = await request
+        except StoreUnavailable as exc:
+            self.failed(call, exc, started)
+            raise
+        self.succeeded(call, started)
+        return answer
 
     def call_done(self, call: str, started: float, error: BaseException | None = None
                   ) -> None:

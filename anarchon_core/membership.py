@@ -2,8 +2,12 @@
 
 See :mod:`anarchon_core.fleet` for the records. While a scheduler runs, :meth:`loop`
 re-reads the paused jobs every couple of seconds and refreshes this instance's registry
-record; :meth:`leave` deletes the record on ``stop()``. On a store that keeps no control
-records (RabbitMQ, NATS) the loop logs that once and ends: nothing is paused there.
+record (and deletes the expired records of instances gone without leaving); :meth:`leave`
+deletes the record on ``stop()``. On a store that keeps no control records (RabbitMQ, NATS)
+the loop logs that once and ends: nothing is paused there. Reading the fleet view
+(:meth:`status`) writes nothing.
+
+A member knows of its scheduler only what :class:`FleetMember`'s arguments give it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from .errors import ReadOnlyError, StoreError, StoreUnavailable, UnsupportedStrategyError
+from .errors import (
+    CorruptRecordError,
+    ReadOnlyError,
+    StoreError,
+    StoreUnavailable,
+    UnsupportedStrategyError,
+)
 from .fleet import (
     INSTANCE,
     JOBS,
@@ -33,21 +43,40 @@ from .fleet import (
 )
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
+    from .backend import Backend
+    from .fleet import JobDefinition
+    from .health import StoreHealth
+    from .storeclock import StoreClock
     from .supervision import LoopGuard
 
 __all__ = ["FleetMember"]
 
 log = logging.getLogger("anarchon.fleet")
+#: Every how many registry refreshes a member deletes expired instances' records.
+SWEEP_EVERY = 6
 #: How long stop() waits for the registry record to be deleted (s).
 _LEAVE_TIMEOUT_S = 2.0
 
 
 class FleetMember:
-    """Keeps one scheduler's registry record and its view of the paused jobs."""
+    """Keeps one scheduler's registry record and its view of the paused jobs.
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._scheduler = scheduler
+    :param jobs_version: a number that changes whenever the scheduler's jobs do.
+    :param job_definitions: the scheduler's jobs as the registry lists them.
+    :param stopping: whether the scheduler is stopping (the loop ends).
+    """
+
+    def __init__(self, backend: Backend, instance_id: str, *, health: StoreHealth,
+                 clock: StoreClock, jobs_version: Callable[[], int],
+                 job_definitions: Callable[[], list[JobDefinition]],
+                 stopping: Callable[[], bool]) -> None:
+        self._backend = backend
+        self._instance_id = instance_id
+        self._health = health
+        self._clock = clock
+        self._jobs_version = jobs_version
+        self._job_definitions = job_definitions
+        self._stopping = stopping
         #: Jobs paused fleet-wide, as last read (refreshed every PAUSE_REFRESH_S).
         self.paused: dict[str, PauseInfo] = {}
         self._started_ms = 0
@@ -58,7 +87,7 @@ class FleetMember:
 
     async def read_paused(self) -> dict[str, PauseInfo]:
         """The jobs paused fleet-wide, read now (and kept for the claims that follow)."""
-        records = await self._scheduler.backend.read_controls(PAUSED)
+        records = await self._backend.read_controls(PAUSED)
         self.paused = read_paused({name[len(PAUSED):]: text for name, text in records.items()})
         return dict(self.paused)
 
@@ -67,11 +96,11 @@ class FleetMember:
 
         The two are separate items of the loop: one failing never stops the other.
         """
-        scheduler = self._scheduler
         if not self._started_ms:
-            self._started_ms = round(scheduler._now_ms())
+            self._started_ms = round(self._clock.now_ms())
         next_register = 0.0
-        while not scheduler._stopping:
+        registers = 0
+        while not self._stopping():
             with guard.item("the paused jobs' refresh"):
                 if not await self._step("paused jobs", self.read_paused):
                     return
@@ -80,11 +109,15 @@ class FleetMember:
                     if not await self._step("fleet registry", self._register):
                         return
                     next_register = time.monotonic() + REGISTER_EVERY_S
+                registers += 1
+                if registers % SWEEP_EVERY == 1:
+                    with guard.item("the sweep of expired instance records"):
+                        await self._step("expired instance records", self._sweep)
             await asyncio.sleep(PAUSE_REFRESH_S * random.uniform(0.8, 1.2))
 
     async def _step(self, what: str, step: Callable[[], Awaitable[object]]) -> bool:
         """Run one refresh; False when the store keeps no control records (the loop ends)."""
-        health = self._scheduler._health
+        health = self._health
         sent = time.monotonic()
         try:
             await step()
@@ -103,16 +136,15 @@ class FleetMember:
         return True
 
     async def _register(self) -> None:
-        scheduler = self._scheduler
-        backend = scheduler.backend
-        instance_id = scheduler.instance_id
-        version = scheduler._jobs_version
+        backend = self._backend
+        instance_id = self._instance_id
+        version = self._jobs_version()
         if self._written_jobs != version:
             # Thousands of jobs: their definitions are built only when the list changed.
-            jobs = scheduler._job_definitions()
+            jobs = self._job_definitions()
             await backend.write_control(JOBS + instance_id, encode_jobs(jobs))
             self._written_jobs, self._job_count = version, len(jobs)
-        now = round(scheduler._now_ms())
+        now = round(self._clock.now_ms())
         info = InstanceInfo(instance_id, _version(), self._started_ms, now,
                             now + REGISTER_TTL_MS, self._job_count)
         await backend.write_control(INSTANCE + instance_id, info.encode())
@@ -124,8 +156,8 @@ class FleetMember:
         if not self._registered:
             return
         self._registered = False
-        instance_id = self._scheduler.instance_id
-        backend = self._scheduler.backend
+        instance_id = self._instance_id
+        backend = self._backend
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(
                 backend.write_control(INSTANCE + instance_id, None),
@@ -133,21 +165,37 @@ class FleetMember:
         self._written_jobs = None
 
     async def status(self) -> FleetStatus:
-        """Read the fleet view; expired records met on the way are deleted."""
-        scheduler = self._scheduler
-        backend = scheduler.backend
+        """Read the fleet view (expired records are left out; nothing is written)."""
+        backend = self._backend
         instances, jobs, paused, last = await asyncio.gather(
             backend.read_controls(INSTANCE), backend.read_controls(JOBS),
             backend.read_controls(PAUSED), backend.job_names())
-        view, stale = assemble(
-            round(scheduler._now_ms()),
+        view, _ = assemble(
+            round(self._clock.now_ms()),
             {k[len(INSTANCE):]: v for k, v in instances.items()},
             {k[len(JOBS):]: v for k, v in jobs.items()},
             {k[len(PAUSED):]: v for k, v in paused.items()}, last)
-        if stale and not backend.read_only:
-            with contextlib.suppress(StoreUnavailable, ReadOnlyError):
-                await asyncio.gather(*(backend.write_control(name, None) for name in stale))
         return view
+
+    async def _sweep(self) -> None:
+        """Delete the records of instances whose registry record expired (gone unannounced).
+
+        Only expired ``instance:`` records and their ``jobs:`` records: a corrupt record may
+        be a newer anarchon's, and a ``jobs:`` record alone may be an instance's first
+        write, its ``instance:`` record on the way.
+        """
+        now = round(self._clock.now_ms())
+        stale: list[str] = []
+        for name, text in (await self._backend.read_controls(INSTANCE)).items():
+            instance_id = name[len(INSTANCE):]
+            try:
+                info = InstanceInfo.decode(instance_id, text)
+            except CorruptRecordError:
+                continue  # reported by the readers of the fleet view
+            if info.expires_at_ms < now and instance_id != self._instance_id:
+                stale += [INSTANCE + instance_id, JOBS + instance_id]
+        if stale:
+            await asyncio.gather(*(self._backend.write_control(name, None) for name in stale))
 
 
 def _version() -> str:

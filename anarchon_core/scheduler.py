@@ -49,6 +49,7 @@ from .naming import validate_instance_id, validate_job_name
 from .options import DEFAULT_LEASE_MS, JobOptions, validate_history, validate_lease_timings
 from .schedules import CronSchedule, Schedule, every_schedule, ms_to_datetime
 from .slots import slot_from_datetime, slot_to_datetime
+from .storeclock import StoreClock
 from .supervision import LoopGuard
 from .sync import SyncScheduler
 from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
@@ -59,16 +60,11 @@ __all__ = ["NotClaimed", "Scheduler", "run_forever"]
 log = logging.getLogger("anarchon.scheduler")
 
 H = TypeVar("H", bound=Handler)
-_CLOCK_REFRESH_S = 60.0
 _MAX_SLEEP_S = 30.0          # long waits are cut so clock corrections apply
 #: Runs stay in the store at least this long past max_late_ms/catch_up_ms.
 _KEEP_MARGIN_MS = 60_000
 DEFAULT_STOP_GRACE_MS = 5_000
 _EARLY_RETRIES = 3
-#: The wall clock moved this much more (or less) than the monotonic clock: re-sync now.
-_CLOCK_JUMP_MS = 500
-_CLOCK_CHECK_S = 2.0
-_CLOCK_SAMPLES = 3
 #: Orphan recovery: jobs looked at per period, and expired runs read per job.
 _ORPHAN_JOBS_PER_PERIOD = 50
 _ORPHAN_RUNS_PER_JOB = 10
@@ -214,8 +210,6 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._stopping = False
-        self._clock_offset_ms = 0.0
-        self._clock_measured = False
         #: One timer for every job: (fire at, store-clock ms; sequence; slot; job name). Only
         #: numbers and a name, so the collector stops tracking them (thousands of jobs).
         self._timers: list[tuple[float, int, int, str]] = []
@@ -230,7 +224,13 @@ class Scheduler:
         self._events = EventBus(self.instance_id)
         self._health = StoreHealth(self._events, self.backend.describe(),
                                    on_recovered=self._on_store_recovered)
-        self._fleet = FleetMember(self)
+        #: The store's clock: what every slot, lateness and timer is reckoned in.
+        self._clock = StoreClock(self.backend, self._health, self._events,
+                                 on_moved=self._on_clock_moved)
+        self._fleet = FleetMember(self.backend, self.instance_id, health=self._health,
+                                  clock=self._clock, jobs_version=lambda: self._jobs_version,
+                                  job_definitions=self._job_definitions,
+                                  stopping=lambda: self._stopping)
         #: Bumped when a job is added or removed (the fleet registry rewrites its list).
         self._jobs_version = 0
         #: Synchronous twins of the coroutine methods, for sync code (see :class:`SyncScheduler`).
@@ -268,12 +268,7 @@ class Scheduler:
         """
         await self._open_backend()
         sent = time.monotonic()
-        try:
-            await self.backend.clock_ms()
-        except StoreUnavailable as exc:
-            self._health.failed("clock", exc, sent)
-            raise
-        self._health.succeeded("clock", sent)
+        await self._clock.read_store_ms()
         return (time.monotonic() - sent) * 1000
 
     @property
@@ -475,7 +470,7 @@ class Scheduler:
         await sharing.acquire(self.backend, self)
         self._loop = loop
         self._timer_wake = asyncio.Event()
-        await self._refresh_clock()
+        await self._clock.refresh()
 
     async def start(self) -> None:
         """Connect, then claim every job's slots as they come. Returns at once."""
@@ -485,7 +480,7 @@ class Scheduler:
         self._running, self._stopping = True, False
         self._threads = HandlerThreads(self.handler_threads)
         self._timers.clear()
-        self._supervise("clock", self._clock_loop)
+        self._supervise("clock", self._clock.loop)
         self._supervise("timer", self._timer_loop)
         if self.backend.supports_leases:
             self._supervise("orphan recovery", self._orphan_loop)
@@ -714,9 +709,8 @@ class Scheduler:
         while True:
             sent = time.monotonic()
             try:
-                result = await self.backend.claim(request)
+                result = await self._health.timed("claim", self.backend.claim(request))
             except StoreUnavailable as exc:
-                self._health.failed("claim", exc, sent)
                 tries += 1
                 delay = retry_delay(tries)
                 if self._stopping or give_up_at is None or self._now_ms() + delay * 1000 > \
@@ -727,7 +721,6 @@ class Scheduler:
                               request.slot, exc)
                 await asyncio.sleep(delay)
             else:
-                self._health.succeeded("claim", sent)
                 if tries or answer_lost:
                     sent = self._rewon_lease(request, result, sent)
                 return result, sent
@@ -763,7 +756,7 @@ class Scheduler:
                 log.warning("%s slot %s: claimed early by the store's clock; re-syncing",
                             job.name, slot)
                 with contextlib.suppress(StoreUnavailable):
-                    await self._refresh_clock()
+                    await self._clock.refresh()
                 wait_ms = slot - self._now_ms()
                 if wait_ms > EARLY_TOLERANCE_MS:
                     break
@@ -783,18 +776,7 @@ class Scheduler:
             return NotClaimed(job.name, slot, ClaimOutcome.LATE, reason)
         self._report_claim(request, result)
         if result.won:
-            handle = self._handle(request, result, sent)
-            if handle.fence_if_expired():
-                # Answered too late to be sure of the lease: the run is left to a backup.
-                return NotClaimed(job.name, slot, ClaimOutcome.RUNNING, LATE_ANSWER)
-            if self._stopping:
-                # Won while stopping: hand it straight over instead of dropping it.
-                await handle.release()
-                return NotClaimed(job.name, slot, ClaimOutcome.TAKEN, "this scheduler is "
-                                  "stopping; handed over")
-            if self._is_paused(handle):
-                return await self._skip_paused(handle)
-            return handle
+            return await self._after_won(self._handle(request, result, sent))
         return NotClaimed(job.name, slot, result.outcome, _reason(request, result,
                                                                   self._now_ms()))
 
@@ -909,54 +891,13 @@ class Scheduler:
     # ---------------------------------------------------------------- the clock
 
     def _now_ms(self) -> float:
-        return time.time() * 1000 + self._clock_offset_ms
+        return self._clock.now_ms()
 
-    async def _refresh_clock(self) -> None:
-        # The sample with the shortest round trip bounds the error best: a reply delayed
-        # on one side only (a busy connection, a paused process) skews the midpoint.
-        samples = []
-        for _ in range(_CLOCK_SAMPLES):
-            before = time.time() * 1000
-            sent = time.monotonic()
-            try:
-                store = await self.backend.clock_ms()
-            except StoreUnavailable as exc:
-                self._health.failed("clock", exc, sent)
-                raise
-            self._health.succeeded("clock", sent)
-            after = time.time() * 1000
-            samples.append((after - before, store - (before + after) / 2))
-        offset = min(samples)[1]
-        jumped = abs(offset - self._clock_offset_ms) >= _CLOCK_JUMP_MS
-        if abs(offset - self._clock_offset_ms) >= 1 or not self._clock_measured:
-            self._events.emit(EventKind.CLOCK_OFFSET, offset_ms=offset)
-        self._clock_measured = True
-        self._clock_offset_ms = offset
-        if jumped and self._timer_wake is not None:
-            self._clock_moved = True  # the timer recomputes every job's next slot
+    def _on_clock_moved(self) -> None:
+        """The store clock's offset moved: the timer recomputes every job's next slot."""
+        if self._timer_wake is not None:
+            self._clock_moved = True
             self._timer_wake.set()
-        if abs(self._clock_offset_ms) > 1_000:
-            log.warning("this instance's clock is %.0f ms off the store's; scheduling by "
-                        "the store's clock", -self._clock_offset_ms)
-
-    async def _clock_loop(self, guard: LoopGuard) -> None:
-        """Re-measure the store's clock every minute, and at once when ours jumps."""
-        last_sync = time.monotonic()
-        wall, mono = time.time(), time.monotonic()
-        while True:
-            await asyncio.sleep(_CLOCK_CHECK_S)
-            jump_ms = ((time.time() - wall) - (time.monotonic() - mono)) * 1000
-            wall, mono = time.time(), time.monotonic()
-            if abs(jump_ms) < _CLOCK_JUMP_MS and mono - last_sync < _CLOCK_REFRESH_S:
-                continue
-            if abs(jump_ms) >= _CLOCK_JUMP_MS:
-                log.warning("this instance's clock jumped by %.0f ms; re-syncing", jump_ms)
-            with guard.item("the clock refresh"):
-                try:
-                    await self._refresh_clock()
-                    last_sync = time.monotonic()
-                except StoreUnavailable as exc:  # keep the last offset
-                    log.debug("clock refresh failed: %s", exc)
 
     # ---------------------------------------------------------------- timers and runs
 
@@ -1149,17 +1090,7 @@ class Scheduler:
                 continue
             self._report_claim(request, result)
             if result.won:
-                handle = self._handle(request, result, sent)
-                if handle.fence_if_expired():
-                    # Answered too late to be sure of the lease: this instance becomes the
-                    # run's backup, like any instance that found it running.
-                    if not self._stopping:
-                        self._on_not_claimed(job, slot, NotClaimed(
-                            job.name, slot, ClaimOutcome.RUNNING, LATE_ANSWER))
-                elif self._stopping:
-                    self._spawn(handle.release())  # hand it straight over
-                else:
-                    self._spawn(self._run_won(job, handle))
+                self._spawn(self._run_won(job, self._handle(request, result, sent)))
             elif not self._stopping:
                 self._on_not_claimed(job, slot, NotClaimed(
                     job.name, slot, result.outcome, _reason(request, result, self._now_ms())))
@@ -1181,11 +1112,13 @@ class Scheduler:
                                 answer_lost: bool = False) -> None:
         outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request,
                                          answer_lost=answer_lost)
-        if self._stopping and not isinstance(outcome, ClaimHandle):
-            return
+        await self._go_on(job, slot, outcome)
+
+    async def _go_on(self, job: _Job, slot: int, outcome: ClaimHandle | NotClaimed) -> None:
+        """After :meth:`_after_won` or a lost claim: run the handle, or watch or log."""
         if isinstance(outcome, ClaimHandle):
             await self._run_handle(job, outcome)
-        else:
+        elif not self._stopping:
             self._on_not_claimed(job, slot, outcome)
 
     async def _watch(self, job: _Job, slot: int, *, manual: bool) -> None:
@@ -1219,13 +1152,11 @@ class Scheduler:
                     continue
                 sent = time.monotonic()
                 try:
-                    result = await self.backend.claim(request)
+                    result = await self._health.timed("claim", self.backend.claim(request))
                 except StoreUnavailable as exc:
-                    self._health.failed("claim", exc, sent)
                     log.debug("%s slot %s: backup check failed: %s", job.name, slot, exc)
                     unreachable = lost = True
                     continue
-                self._health.succeeded("claim", sent)
                 if result.won:
                     self._report_claim(request, result)
                     log.warning("%s slot %s: lease expired, taking over as attempt %s",
@@ -1233,11 +1164,11 @@ class Scheduler:
                                 extra=_fields(job.name, slot, result.attempt, self.instance_id))
                     if lost:
                         sent = self._rewon_lease(request, result, sent)
-                    handle = self._handle(request, result, sent)
-                    if self._stopping:
-                        await handle.release()
-                        return
-                    await self._run_handle(job, handle)
+                    # Won too late to run (fenced at once): the lease runs out by the store's
+                    # clock and orphan recovery takes the run, with a token of its own.
+                    outcome = await self._after_won(self._handle(request, result, sent))
+                    if isinstance(outcome, ClaimHandle):
+                        await self._run_handle(job, outcome)
                     return
                 if result.outcome is not ClaimOutcome.RUNNING:
                     return
@@ -1250,13 +1181,10 @@ class Scheduler:
 
     async def _store_answers(self) -> bool:
         """Whether the store answers a clock read now."""
-        sent = time.monotonic()
         try:
-            await self.backend.clock_ms()
-        except StoreUnavailable as exc:
-            self._health.failed("clock", exc, sent)
+            await self._clock.read_store_ms()
+        except StoreUnavailable:
             return False
-        self._health.succeeded("clock", sent)
         return True
 
     async def _orphan_loop(self, guard: LoopGuard) -> None:
@@ -1284,14 +1212,12 @@ class Scheduler:
 
     async def _scan_orphans(self, job: _Job) -> bool:
         """Recover the expired runs of one job; False if the store is unreachable."""
-        sent = time.monotonic()
         try:
-            expired = await self.backend.expired_runs(job.name, _ORPHAN_RUNS_PER_JOB)
+            expired = await self._health.timed(
+                "expired_runs", self.backend.expired_runs(job.name, _ORPHAN_RUNS_PER_JOB))
         except StoreUnavailable as exc:
-            self._health.failed("expired_runs", exc, sent)
             log.debug("orphan scan of %s failed: %s", job.name, exc)
             return False
-        self._health.succeeded("expired_runs", sent)
         for run in expired:
             if not job.is_watching((run.slot, run.manual)):
                 self._spawn(self._recover(job, run))
@@ -1312,20 +1238,18 @@ class Scheduler:
                                 max_attempts=0 if too_old or run.manual else None)
         sent = time.monotonic()
         try:
-            result = await self.backend.claim(request)
+            result = await self._health.timed("claim", self.backend.claim(request))
         except StoreUnavailable as exc:
-            self._health.failed("claim", exc, sent)
             log.debug("%s slot %s: orphan claim failed: %s", job.name, run.slot, exc)
             return
-        self._health.succeeded("claim", sent)
         self._report_claim(request, result)
-        if result.won and not self._stopping:
-            log.warning("%s slot %s: orphaned run (no runner, no backup) taken over as "
-                        "attempt %s", job.name, run.slot, result.attempt,
-                        extra=_fields(job.name, run.slot, result.attempt, self.instance_id))
-            await self._run_handle(job, self._handle(request, result, sent))
-        elif result.won:
-            await self._handle(request, result, sent).release()
+        if result.won:
+            if not self._stopping:
+                log.warning("%s slot %s: orphaned run (no runner, no backup) taken over as "
+                            "attempt %s", job.name, run.slot, result.attempt,
+                            extra=_fields(job.name, run.slot, result.attempt, self.instance_id))
+            await self._go_on(job, run.slot,
+                              await self._after_won(self._handle(request, result, sent)))
         elif result.outcome is ClaimOutcome.RUNNING:
             await self._watch(job, run.slot, manual=run.manual)
         elif too_old:
@@ -1354,17 +1278,41 @@ class Scheduler:
                           reason=reason)
         return NotClaimed(handle.job, handle.slot, ClaimOutcome.PAUSED, reason)
 
+    async def _after_won(self, handle: ClaimHandle) -> ClaimHandle | NotClaimed:
+        """Every won claim passes here before it runs: fenced, stopping, paused, in order.
+
+        The handle back when it may run; else why not, having done what that case needs
+        (a run won while stopping is handed over, a paused job's slot recorded skipped).
+        """
+        if handle.fence_if_expired():
+            # Answered too late to be sure of the lease: the run is left to a backup.
+            return NotClaimed(handle.job, handle.slot, ClaimOutcome.RUNNING, LATE_ANSWER)
+        if self._stopping:
+            # Won while stopping: hand it straight over instead of dropping it.
+            await handle.release()
+            return NotClaimed(handle.job, handle.slot, ClaimOutcome.TAKEN,
+                              "this scheduler is stopping; handed over")
+        if self._is_paused(handle):
+            return await self._skip_paused(handle)
+        return handle
+
     def _run_won(self, job: _Job, handle: ClaimHandle) -> Coroutine[Any, Any, None]:
-        """What runs a slot won at its instant: the attempt itself in the common case."""
+        """What runs a slot won at its instant: the attempt itself in the common case.
+
+        The common case is :meth:`_after_won`'s checks all passing, tested here without a
+        coroutine of their own (thousands of slots may be won at one instant).
+        """
         threads = self._threads
-        if job.handler is not None and threads is not None and not self._is_paused(handle):
+        if job.handler is not None and threads is not None and not self._stopping \
+                and not handle.fence_if_expired() and not self._is_paused(handle):
             return self._run_attempt(self._attempt(job, handle, threads))
-        return self._run_handle(job, handle)
+        return self._run_won_otherwise(job, handle)
+
+    async def _run_won_otherwise(self, job: _Job, handle: ClaimHandle) -> None:
+        await self._go_on(job, handle.slot, await self._after_won(handle))
 
     async def _run_handle(self, job: _Job, handle: ClaimHandle) -> None:
-        if self._is_paused(handle):
-            await self._skip_paused(handle)
-            return
+        """Run a won handle that passed :meth:`_after_won`."""
         threads = self._threads
         if job.handler is None and job.on_takeover is not None and not self._stopping:
             try:

@@ -41,7 +41,7 @@ async def test_a_clock_step_after_start_is_refused_by_the_store_and_corrected() 
 
     async with scheduler:
         await asyncio.sleep(1.2)
-        scheduler._clock_offset_ms += SKEW_MS  # the instance's clock steps 30 s ahead
+        scheduler._clock.offset_ms += SKEW_MS  # the instance's clock steps 30 s ahead
         await asyncio.sleep(3)
     # The store accepts a claim at most EARLY_TOLERANCE_MS ahead of its clock (a clock's
     # error); the slot 30 s ahead is refused, the clock re-measured and slots recomputed.
