@@ -194,11 +194,16 @@ class Backend(abc.ABC):
         """Merge ``meta`` into the stored meta of an ended attempt (``ref.token`` unused).
 
         For facts that arrive after the run ended (the outcome of a task it enqueued).
-        False when no ended attempt matches. Stores that cannot update an ended attempt
-        raise :class:`UnsupportedStrategyError`.
+        False when no ended attempt matches. The merged meta is checked as any run's meta
+        is (:func:`~anarchon_core.models.validate_meta`). Every lease store can (PostgreSQL,
+        SQLite, Redis and Valkey with the ``lease`` strategy, :class:`MemoryBackend
+        <anarchon_core.testing.MemoryBackend>`); claim-only stores, which keep each run's
+        result as first written, raise :class:`UnsupportedStrategyError`.
         """
         raise UnsupportedStrategyError(
-            f"{self.describe()} cannot add meta to an ended run (PostgreSQL and SQLite can)")
+            f"{self.describe()} cannot add meta to an ended run: it keeps each run's result "
+            "as first written (the lease stores can: PostgreSQL, SQLite, Redis or Valkey "
+            "with strategy 'lease')")
 
     async def namespaces(self) -> list[str] | None:
         """The namespaces of this store that hold an anarchon store, sorted; reads only.

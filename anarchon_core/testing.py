@@ -179,6 +179,15 @@ class MemoryBackend(Backend):
         current.lease_until, current.error = self._clock(), HANDED_OVER
         return True
 
+    async def add_meta(self, ref: RunRef, meta: Mapping[str, str]) -> bool:
+        """Merge ``meta`` into an ended attempt's meta (False: no such ended attempt)."""
+        refuse_write(self, "add_meta")
+        for attempt in self._runs.get((ref.job, ref.slot, ref.manual), []):
+            if attempt.attempt == ref.attempt and attempt.status != "running":
+                attempt.meta = dump_meta({**load_meta(attempt.meta), **meta})
+                return True
+        return False
+
     async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
         """Runs of ``job`` still running whose lease expired by the configured clock."""
         now = self._clock()

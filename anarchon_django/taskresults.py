@@ -4,8 +4,9 @@ The task backend sends ``task_finished`` in the process that ran the task (a wor
 ``django-tasks-db``, or the enqueuing thread itself with ``ImmediateBackend``). The
 receiver here finds the run that enqueued it (by its slot key when the task takes one,
 else by the task id among the newest runs of the jobs that schedule it) and adds
-``task_status`` to that run's meta. Stores that cannot update an ended run's meta
-(Redis, RabbitMQ, NATS) keep only what the enqueue saw; the receiver never fails a task.
+``task_status`` to that run's meta (``Backend.add_meta``: every lease store). Claim-only
+stores, which cannot update an ended run's meta (RabbitMQ, NATS, Redis's claim-only
+strategies), keep only what the enqueue saw; the receiver never fails a task.
 """
 
 from __future__ import annotations

@@ -127,11 +127,14 @@ _TEMPLATES: dict[str, str] = {
         SELECT status, error FROM {runs}
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token""",
-    # add_meta: the stored meta of an ended attempt, and its replacement.
+    # add_meta: the stored meta of an ended attempt, and its replacement. The read is a
+    # no-op update so that it locks the row: a concurrent add_meta waits and then reads
+    # the meta this one wrote (a plain SELECT would let it overwrite that).
     "ended_meta": """
-        SELECT {meta_col} FROM {runs}
+        UPDATE {runs} SET {meta_col} = {meta_col}
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
-          AND status <> 'running'""",
+          AND status <> 'running'
+        RETURNING {meta_col}""",
     "set_ended_meta": """
         UPDATE {runs} SET {meta_col} = :meta
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt

@@ -53,7 +53,7 @@ from .clients import (
 )
 from .keys import redis_key
 from .lease import corrupt_records
-from .stores import RedisStore, store_for
+from .stores import LeaseStore, RedisStore, store_for
 from .strategies import (
     Idmp,
     Lease,
@@ -343,6 +343,17 @@ class RedisBackend(Backend):
         """End the lease now so a backup takes the next attempt at once."""
         refuse_write(self, "release")
         return await self.store.release(await self._writes(), self.prefix, ref)
+
+    async def add_meta(self, ref: RunRef, meta: Mapping[str, str]) -> bool:
+        """Merge ``meta`` into an ended attempt's meta (the ``lease`` strategy only).
+
+        The claim-only strategies keep a run's one result as written and refuse it
+        (:class:`UnsupportedStrategyError`).
+        """
+        refuse_write(self, "add_meta")
+        if not isinstance(self.store, LeaseStore):
+            return await super().add_meta(ref, meta)
+        return await self.store.add_meta(await self._writes(), self.prefix, ref, meta)
 
     async def history(self, job: str, limit: int = 20) -> list[Run]:
         """Attempts of ``job``, newest first; an expired running attempt reads interrupted."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -27,7 +27,7 @@ from ...models import (
     Run,
     RunRef,
 )
-from ...readmodel import load_meta, read_status
+from ...readmodel import dump_meta, load_meta, read_status
 from ...records import MAX_COUNT, record_int, record_ms
 from ...schedules import ms_to_datetime
 from ..common import trim_drawn
@@ -35,14 +35,16 @@ from ..storeerrors import CorruptRecords
 from .clients import Commands, LuaScript
 from .keys import LEASE_PARTS, Part, redis_key
 
-__all__ = ["claim_call", "lease_claim", "lease_claim_many", "lease_expired", "lease_history",
-           "lease_update", "run_id", "run_score"]
+__all__ = ["claim_call", "lease_add_meta", "lease_claim", "lease_claim_many", "lease_expired",
+           "lease_history", "lease_update", "run_id", "run_score"]
 
 log = logging.getLogger("anarchon.redis")
 #: Corrupt states and history entries are reported once each (then skipped quietly).
 corrupt_records = CorruptRecords(log)
 #: How many members of a job's active set one expired-runs scan looks at, at most.
 EXPIRED_SCAN_BUDGET = 1_000
+#: How often :func:`lease_add_meta` reads again when the meta changed under it.
+ADD_META_TRIES = 5
 
 
 def run_id(slot: int, manual: bool) -> str:
@@ -129,6 +131,31 @@ async def lease_update(conn: Commands, prefix: str, op: str, ref: RunRef,
         [op, run_id(ref.slot, ref.manual), str(ref.attempt), ref.token, *extra],
     )
     return int(reply) == 1
+
+
+async def lease_add_meta(conn: Commands, prefix: str, ref: RunRef,
+                         meta: Mapping[str, str]) -> bool:
+    """Merge ``meta`` into an ended attempt's stored meta; False when no ended attempt matches.
+
+    ``lua/lease_add_meta.lua`` reads the attempt's meta, the merge is checked here as every
+    meta is (:func:`~anarchon_core.readmodel.dump_meta`), and the script writes it only if
+    the meta is still the one read (its results entry, and its state while current).
+    """
+    script = LuaScript.load("lease_add_meta")
+    keys = _keys(prefix, ref.job, "state", "results")
+    run = [run_id(ref.slot, ref.manual), str(ref.attempt), str(run_score(ref.slot, ref.manual))]
+    for _ in range(ADD_META_TRIES):
+        stored = await script.run(conn, keys, ["read", *run])
+        if stored is None:
+            return False
+        merged = dump_meta({**load_meta(stored), **meta}) or ""
+        if merged == stored:
+            return True
+        reply = await script.run(conn, keys, ["write", *run, stored, merged])
+        if int(reply) >= 0:
+            return int(reply) == 1
+    raise StoreError(f"the meta of job {ref.job!r} slot {ref.slot} attempt {ref.attempt} "
+                     f"changed {ADD_META_TRIES} times while adding to it")
 
 
 def _report_states(conn: Commands, prefix: str, job: str, run_ids: list[str]) -> None:

@@ -10,7 +10,7 @@ mode, the jobs registry); a store only knows its keys and scripts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from ...backend import Retention
@@ -19,6 +19,7 @@ from ...models import ClaimRequest, ClaimResult, ExpiredRun, Run, RunRef
 from .claims import IdmpState, claim_only, claim_only_finish, claim_only_history
 from .clients import Commands
 from .lease import (
+    lease_add_meta,
     lease_claim,
     lease_claim_many,
     lease_expired,
@@ -118,6 +119,11 @@ class LeaseStore(RedisStore):
                            limit: int) -> list[ExpiredRun]:
         """Runs of ``job`` still running whose lease expired (one script, one hash slot)."""
         return await lease_expired(conn, prefix, job, limit)
+
+    async def add_meta(self, conn: Commands, prefix: str, ref: RunRef,
+                       meta: Mapping[str, str]) -> bool:
+        """Merge ``meta`` into an ended attempt's meta (``lua/lease_add_meta.lua``)."""
+        return await lease_add_meta(conn, prefix, ref, meta)
 
 
 class ClaimOnlyStore(RedisStore):
