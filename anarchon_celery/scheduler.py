@@ -34,6 +34,7 @@ from anarchon_core import (
     StoreUnavailable,
 )
 from anarchon_core import Scheduler as CoreScheduler
+from anarchon_core.lifecycle import start_with_retry
 from anarchon_core.logjson import install_log_handler
 
 from . import tracking
@@ -61,36 +62,11 @@ _TICK_S = 5.0
 _SETTLE_EVERY = 32
 
 
-class _Health:
-    """The beat's connection to the store while it starts: each change logged once.
-
-    Once connected, the core scheduler reports the store's outages itself (one line when
-    one starts, one when it ends), so nothing here repeats them.
-    """
-
-    def __init__(self, describe: str) -> None:
-        self.describe = describe
-        self.state = "connecting"
-
-    def up(self) -> None:
-        before, self.state = self.state, "up"
-        if before != "up":
-            log.info("anarchon store %s connected", self.describe)
-
-    def down(self, why: object) -> None:
-        before, self.state = self.state, "down"
-        if before != "down":
-            log.error("anarchon store %s unreachable (%s); this beat keeps running and "
-                      "connects once it answers (slots due meanwhile are sent by another "
-                      "beat, or recorded missed when too late)", self.describe, why)
-
-
 class _Runner:
     """The core scheduler on an event loop thread: start with retries, probe, stop."""
 
-    def __init__(self, core: CoreScheduler, health: _Health) -> None:
+    def __init__(self, core: CoreScheduler) -> None:
         self.core = core
-        self.health = health
         self.loop = asyncio.new_event_loop()
         self.stopped: asyncio.Event | None = None
         self.ready = threading.Event()
@@ -110,20 +86,12 @@ class _Runner:
     async def _main(self) -> None:
         self.stopped = asyncio.Event()
         self.ready.set()
-        delay = 0.5
-        while not self.stopped.is_set():
-            try:
-                await asyncio.wait_for(self.core.start(), _CALL_TIMEOUT_S)
-                break
-            except (TimeoutError, StoreUnavailable, OSError) as exc:
-                self.health.down(exc or "no answer")
-            except AnarchonError as exc:  # e.g. a store written by a newer anarchon
-                self.health.down(exc)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopped.wait(), delay)
-            delay = min(delay * 2, 30.0)
-        self.health.up()
-        while not self.stopped.is_set():
+        started = await start_with_retry(
+            self.core, self.stopped, retry=(AnarchonError, OSError),
+            call_timeout_s=_CALL_TIMEOUT_S, first_delay_s=0.5, announce=True,
+            meanwhile="this beat keeps running and connects once it answers (slots due "
+                      "meanwhile are sent by another beat, or recorded missed when too late)")
+        while started and not self.stopped.is_set():
             if self.core.running:
                 # The core logs an outage once when it starts and once when it ends.
                 with contextlib.suppress(StoreUnavailable, OSError, asyncio.TimeoutError):
@@ -258,7 +226,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._entries: dict[str, Any] = {}
         self._registered: dict[str, Any] | None = None
         self._runner: _Runner | None = None
-        self._health = _Health(self.settings.describe())
         self._publisher: _Publisher | None = None
         super().__init__(app, *args, **kwargs)
 
@@ -279,7 +246,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
             serve_metrics(core, self.settings.metrics_port, self.settings.metrics_addr)
         self._publisher = _Publisher(self.app, self._publish, self.settings.publish_threads)
-        self._runner = _Runner(core, self._health)
+        self._runner = _Runner(core)
         self._runner.start()
         log.info("anarchon beat %s: %d entries on %s", core.instance_id, len(self._specs),
                  self.settings.describe())

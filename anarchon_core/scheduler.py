@@ -12,7 +12,6 @@ import itertools
 import logging
 import os
 import random
-import signal
 import socket
 import threading
 import time
@@ -33,6 +32,7 @@ from .events import run_fields as _fields
 from .execution import Attempt, Handler
 from .fleet import PAUSED, FleetStatus, JobDefinition, PauseInfo, check_job_name, validate_reason
 from .health import StoreHealth
+from .lifecycle import serve
 from .membership import FleetMember
 from .models import (
     ClaimOutcome,
@@ -1420,23 +1420,9 @@ def run_forever(*schedulers: Scheduler) -> None:
     """Start every scheduler, run until SIGINT or SIGTERM, then stop them all. Blocks.
 
     For scripts and worker processes with one or several schedulers (e.g. different
-    namespaces); the schedulers share this thread's event loop.
+    namespaces); the schedulers share this thread's event loop. A store that does not
+    answer at start is retried with back-off (see :mod:`anarchon_core.lifecycle`).
     """
     if not schedulers:
         raise ConfigError("run_forever() needs at least one scheduler")
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        started: list[Scheduler] = []
-        try:
-            for scheduler in schedulers:
-                await scheduler.start()
-                started.append(scheduler)
-            await stop.wait()
-        finally:
-            await asyncio.gather(*(s.stop() for s in started), return_exceptions=True)
-
-    asyncio.run(main())
+    asyncio.run(serve(*schedulers))

@@ -29,18 +29,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import random
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from ..context import JobContext
-from ..errors import Cancelled
+from ..lifecycle import serve as run_until_stopped
 from ..scheduler import Scheduler
 
 log = logging.getLogger("anarchon.instance")
@@ -157,21 +155,18 @@ def build(args: argparse.Namespace) -> Scheduler:
 async def serve(args: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT (or ``--seconds``), then stop gracefully."""
     scheduler = build(args)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await scheduler.start()
-    wall, mono = time.time(), time.monotonic_ns()
-    log.info("instance %s clock: time.time()=%.3f monotonic_ns=%d", scheduler.instance_id,
-             wall, mono)
-    if args.ledger:
-        (Path(args.ledger) / f"{os.getpid()}.clock").write_text(
-            json.dumps({"wall_ms": wall * 1000, "mono_ns": mono}))
-        (Path(args.ledger) / f"{os.getpid()}.ready").write_text(scheduler.instance_id)
-    with contextlib.suppress(asyncio.TimeoutError, Cancelled):
-        await asyncio.wait_for(stop.wait(), args.seconds)
-    await scheduler.stop(grace_ms=args.grace_ms)
+
+    def running() -> None:
+        wall, mono = time.time(), time.monotonic_ns()
+        log.info("instance %s clock: time.time()=%.3f monotonic_ns=%d",
+                 scheduler.instance_id, wall, mono)
+        if args.ledger:
+            (Path(args.ledger) / f"{os.getpid()}.clock").write_text(
+                json.dumps({"wall_ms": wall * 1000, "mono_ns": mono}))
+            (Path(args.ledger) / f"{os.getpid()}.ready").write_text(scheduler.instance_id)
+
+    await run_until_stopped(scheduler, seconds=args.seconds, grace_ms=args.grace_ms,
+                            on_running=running)
 
 
 def main(argv: list[str] | None = None) -> None:

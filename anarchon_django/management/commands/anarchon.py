@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -37,6 +35,7 @@ from anarchon_core import (
 )
 from anarchon_core.cli.history import add_history_options, format_history, read_history
 from anarchon_core.cli.main import add_log_format_option, add_metrics_options, seconds_arg
+from anarchon_core.lifecycle import serve
 from anarchon_core.logjson import install_log_handler
 
 from ... import conf, registry, runtime
@@ -44,8 +43,6 @@ from ...views import local, store_error
 
 log = logging.getLogger("anarchon.django")
 T = TypeVar("T")
-#: Longest wait between two attempts to start the worker while the store is down.
-_START_RETRY_MAX_S = 30.0
 #: Exit statuses: a store or a job failed; a usage error or a bad configuration.
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -262,45 +259,18 @@ class Command(BaseCommand):
 
 
 async def _work(scheduler: Scheduler, names: list[str]) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    received: list[str] = []
+    ran = False
 
-    def on_signal(sig: signal.Signals) -> None:
-        if stop.is_set():
-            # A second Ctrl-C means "now"; a repeated SIGTERM (a supervisor signalling the
-            # whole process group) does not cut the graceful stop short.
-            if sig is signal.SIGINT and received and received[0] == "SIGINT":
-                log.warning("SIGINT again: exiting now; unfinished runs' leases expire on "
-                            "their own")
-                os._exit(130)
-            return
-        received.append(sig.name)
-        stop.set()
+    def running() -> None:
+        nonlocal ran
+        ran = True
+        log.info("anarchon worker %s running %d job(s) (%s) on %s; stop with SIGTERM or "
+                 "Ctrl-C", scheduler.instance_id, len(names), ", ".join(names) or "none",
+                 scheduler.backend.describe())
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
-    delay = 1.0
-    while not stop.is_set():
-        try:
-            await scheduler.start()
-            break
-        except StoreUnavailable as exc:
-            log.warning("store unavailable (%s); retrying in %.0f s", exc, delay)
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except TimeoutError:
-                delay = min(delay * 2, _START_RETRY_MAX_S)
-    if stop.is_set() and not scheduler.running:
-        return
-    log.info("anarchon worker %s running %d job(s) (%s) on %s; stop with SIGTERM or Ctrl-C",
-             scheduler.instance_id, len(names), ", ".join(names) or "none",
-             scheduler.backend.describe())
-    await stop.wait()
-    log.info("%s: stopping; unfinished runs are handed over", received[0] if received else
-             "stop")
-    await scheduler.stop()
-    log.info("anarchon worker %s stopped", scheduler.instance_id)
+    await serve(scheduler, on_running=running)
+    if ran:
+        log.info("anarchon worker %s stopped", scheduler.instance_id)
 
 
 def _ensure_logging(verbosity: int, log_format: str = "text") -> None:
