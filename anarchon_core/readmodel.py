@@ -22,6 +22,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
+from .backends.storeerrors import CorruptRecords
 from .errors import ConfigError
 from .models import RUN_STATUSES, HistoryQuery, Run, RunPage, validate_meta
 
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("anarchon.history")
+#: Unreadable stored meta is reported once per record (history is read over and over).
+corrupt_records = CorruptRecords(log)
 
 #: The error an expired running attempt reads with.
 EXPIRED_READ = "lease expired: the runner is gone"
@@ -64,7 +67,10 @@ def dump_meta(meta: Mapping[str, str] | None) -> str | None:
 
 
 def load_meta(text: object) -> dict[str, str]:
-    """Decode stored meta (JSON text, or None/"" for none); unreadable meta reads empty."""
+    """Decode stored meta (JSON text, or None/"" for none); unreadable meta reads empty.
+
+    Unreadable meta is logged at WARNING once per record (not on every read of it).
+    """
     if text is None or text == "":
         return {}
     try:
@@ -74,7 +80,7 @@ def load_meta(text: object) -> dict[str, str]:
     if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
                                        for k, v in value.items()):
         return value
-    log.warning("ignoring unreadable run meta %.80r", text)
+    corrupt_records.report("run meta", None, str(text), "unreadable meta; it reads empty")
     return {}
 
 

@@ -52,11 +52,25 @@ def record_ms(value: object, what: str, *, lo: int = MIN_SLOT) -> int:
 
 
 def record_text(value: object, what: str, *, limit: int = 10_000_000) -> str:
-    """A text of at most ``limit`` characters; :class:`ValueError` naming ``what`` otherwise."""
-    if not isinstance(value, str) or len(value) > limit:
-        raise ValueError(f"{what} {_shown(value)}: expected a text of at most {limit} "
+    """A text of at most ``limit`` characters; :class:`ValueError` naming ``what`` otherwise.
+
+    A text that is not valid Unicode (lone surrogates: bytes that were not UTF-8, as a
+    Redis client decodes them) is refused too: it could not be printed or encoded again.
+    """
+    if not isinstance(value, str) or len(value) > limit or not _unicode(value):
+        raise ValueError(f"{what} {_shown(value)}: expected a valid text of at most {limit} "
                          "characters")
     return value
+
+
+def _unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def record_map(value: object, what: str) -> Mapping[str, Any]:

@@ -364,3 +364,29 @@ async def test_redis_a_slot_member_that_is_no_number_never_stops_the_downtime_sc
                 client.delete(*keys)
     assert warnings_about(caplog, "unreadable slot") == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_unreadable_meta_is_reported_once_however_often_it_is_read(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sqlite3  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(str(tmp_path)) / "cron.db"
+    backend = SqliteBackend(path, table="runs")
+    await backend.start()
+    try:
+        slot = await backend.clock_ms()
+        r = req(slot)
+        assert (await backend.claim(r)).won
+        assert await backend.finish(RunRef("job", slot, r.token, 1), "success",
+                                    meta={"task": "1"})
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE runs SET meta = ? WHERE job = 'job'", (f"{{{path}",))
+        with caplog.at_level(logging.WARNING, logger="anarchon"):
+            for _ in range(3):
+                [run] = await backend.history("job")
+                assert (run.status, run.meta) == ("success", {})
+    finally:
+        await backend.stop()
+    assert warnings_about(caplog, "meta") == 1

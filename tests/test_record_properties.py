@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anarchon_core.backends.redis import lease
+from anarchon_core.backends import claimrecords
+from anarchon_core.backends.redis import claims, lease
 from anarchon_core.backends.sqlstore import (
     expired_steps,
     newest_slots_steps,
@@ -32,6 +33,7 @@ from anarchon_core.fleet import (
     assemble,
     decode_jobs,
 )
+from anarchon_core.models import RUN_STATUSES
 from anarchon_core.readmodel import load_meta
 from anarchon_core.records import record_int, record_map, record_ms, record_text
 from anarchon_core.schedules import ms_to_datetime
@@ -200,3 +202,95 @@ def test_stored_meta_is_read_or_a_store_error(value: Any) -> None:
     except StoreError:
         return
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())
+
+
+#: Field values as a store could hold them: numbers as text (huge, non-finite, negative),
+#: any JSON value, bytes that may not be UTF-8.
+field_values = st.one_of(
+    numbers.map(str), scalars, json_values, st.binary(max_size=8),
+    st.sampled_from(["1e400", "NaN", "inf", "-5", "1_000", " 7", "\u00b2", "", "0", "1"]),
+)
+_CLAIM = {"v": "1", "kind": "claim", "job": "j", "slot": "1796000000000", "manual": "0",
+          "token": "t", "runner": "r", "at": "1796000000100"}
+_RESULT = {**_CLAIM, "kind": "result", "started": "1796000000100", "at": "1796000000900",
+           "status": "success", "error": "boom", "meta": '{"k": "v"}'}
+#: Claim and result records of the claim-only stores with some fields replaced.
+claim_records = st.builds(
+    lambda base, changed: {**base, **changed}, st.sampled_from([_CLAIM, _RESULT]),
+    st.dictionaries(st.sampled_from([*_RESULT, "other"]), field_values, max_size=3))
+bodies = st.one_of(
+    st.binary(max_size=60), texts.map(str.encode),
+    claim_records.map(lambda r: json.dumps(r, default=repr, allow_nan=True).encode()),
+    st.just(b"[" * 100_000 + b"]" * 100_000))
+
+
+def check_runs(runs: list[Any]) -> None:
+    """Runs the rest of anarchon can use: known statuses, times a datetime holds."""
+    for run in runs:
+        assert run.status in RUN_STATUSES
+        assert in_range(run.slot)
+        assert isinstance(run.job, str)
+        assert isinstance(run.runner, str)
+        assert run.error is None or isinstance(run.error, str)
+        assert run.started_at is None or run.started_at.year >= 1970
+        assert run.finished_at is None or run.finished_at.year >= 1970
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in run.meta.items())
+
+
+@PROFILE
+@given(body=bodies)
+def test_claim_only_message_bodies_decode_or_raise_store_error(body: bytes) -> None:
+    try:
+        fields = claimrecords.decode_json(body)
+    except StoreError:
+        return
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items())
+
+
+@PROFILE
+@given(items=st.lists(st.one_of(claim_records, st.dictionaries(
+    st.one_of(st.text(max_size=5), st.binary(max_size=5)), field_values, max_size=4)),
+    max_size=6))
+def test_claim_only_records_parse_or_are_skipped(items: list[dict[Any, Any]]) -> None:
+    for fields in items:
+        try:
+            record = claimrecords.parse_record(fields)
+        except StoreError:
+            continue
+        assert in_range(record.slot)
+        assert 0 <= record.at_ms <= MAX_SLOT
+        assert isinstance(record.job, str)
+        assert isinstance(record.runner, str)
+    records = claimrecords.parse_many(items, key="history", job="j")
+    check_runs(claimrecords.runs_from_records(records))
+
+
+flat_entries = st.lists(st.one_of(field_values, st.sampled_from(["slot", "token", "runner",
+                                                                  "at"])), max_size=8)
+stream_entries = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["1796000000000-0", "5-1", "x", "-1-0"]), flat_entries),
+    st.tuples(st.just("1796000000000-0"), st.builds(
+        lambda v: ["slot", v, "token", "t", "runner", "r"], field_values)),
+    json_values), max_size=5)
+result_texts = st.one_of(texts, records.map(dumped), st.builds(
+    lambda s, f, e, m: dumped({"t": "t", "s": s, "f": f, "e": e, "m": m}),
+    st.one_of(st.sampled_from(["success", "failed", "skipped", "running", "zombie"]),
+              json_values), field_values.filter(lambda v: not isinstance(v, bytes)),
+    json_values, json_values))
+
+
+@PROFILE
+@given(entries=stream_entries, manual=st.booleans(), results=st.lists(result_texts,
+                                                                     max_size=5))
+def test_redis_claim_only_entries_and_results_are_read_or_skipped(
+        entries: list[Any], manual: bool, results: list[str]) -> None:
+    for claim in claims._entries("j", "runs", entries, manual):
+        assert in_range(claim["slot"])
+        assert 0 <= claim["at"] <= MAX_SLOT
+        assert isinstance(claim["runner"], str)
+    for text in results:
+        result = claims._result("j", "results", text)
+        if result:
+            assert result["s"] in RUN_STATUSES
+            assert result["f"] is None or 0 <= result["f"] <= MAX_SLOT
+            assert result["e"] is None or isinstance(result["e"], str)

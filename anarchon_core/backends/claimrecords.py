@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from ..errors import StoreError
 from ..models import FINISHED_STATUSES, ClaimRequest, Run, RunRef
 from ..readmodel import load_meta
+from ..records import record_ms, record_text
 from ..schedules import ms_to_datetime
 from .storeerrors import CorruptRecords
 
@@ -136,8 +137,9 @@ def decode_json(body: bytes) -> dict[str, str]:
     """Decode a JSON message body into a flat dict; StoreError if it is not one."""
     try:
         value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"not an anarchon record (invalid JSON: {exc})") from None
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, nesting too deep
+        raise StoreError(f"not an anarchon record (invalid JSON: {type(exc).__name__})") \
+            from None
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
@@ -145,40 +147,50 @@ def decode_json(body: bytes) -> dict[str, str]:
     return value
 
 
-def _text(value: str | bytes) -> str:
+def _text(value: object) -> object:
     return value.decode() if isinstance(value, bytes) else value
+
+
+#: The longest job name, token, runner or error text a record may hold.
+_MAX_TEXT = 1_000_000
 
 
 def parse_record(fields: Mapping[str, str] | Mapping[bytes, bytes]) -> Record:
     """Decode a record (``str`` or ``bytes`` keys and values, as Redis returns them).
 
-    Raises :class:`StoreError` for anything that is not a record this version reads.
+    Raises :class:`StoreError` for anything that is not a record this version reads: an
+    unknown version, kind or status, a missing field, a value of the wrong type, bad text,
+    or a number out of range (a slot or time a datetime cannot hold, a negative time).
     """
-    data = {_text(k): _text(v) for k, v in fields.items()}
-    if data.get("v") != RECORD_VERSION:
-        raise StoreError(f"unknown record version {data.get('v')!r}")
     try:
-        job, token, runner = data["job"], data["token"], data["runner"]
-        slot, at_ms = int(data["slot"]), int(data["at"])
-        manual = data["manual"] == "1"
-        if data["kind"] == "claim":
-            ms_to_datetime(slot)
-            ms_to_datetime(at_ms)
-            return ClaimRecord(job, slot, manual, token, runner, at_ms)
-        if data["kind"] == "result":
-            status = data["status"]
-            if status not in _RESULT_STATUSES:
-                raise StoreError(f"unknown result status {status!r}")
-            started = int(data["started"]) if data.get("started") else None
-            if started is not None:
-                ms_to_datetime(started)
-            ms_to_datetime(slot)
-            ms_to_datetime(at_ms)
-            return ResultRecord(job, slot, manual, token, runner, started, at_ms, status,
-                                data.get("error"), data.get("meta"))
-    except (KeyError, ValueError, OverflowError) as exc:
+        data = {_text(k): _text(v) for k, v in fields.items()}
+    except (UnicodeDecodeError, AttributeError, TypeError) as exc:
         raise StoreError(f"malformed anarchon record: {exc!r}") from None
-    raise StoreError(f"unknown record kind {data['kind']!r}")
+    if data.get("v") != RECORD_VERSION:
+        raise StoreError(f"unknown record version {str(data.get('v'))[:40]!r}")
+    try:
+        job, token, runner = (record_text(data[name], name, limit=_MAX_TEXT)
+                              for name in ("job", "token", "runner"))
+        slot = record_ms(data["slot"], "slot")
+        at_ms = record_ms(data["at"], "at", lo=0)
+        manual = record_text(data["manual"], "manual", limit=1) == "1"
+        kind = data["kind"]
+        if kind == "claim":
+            return ClaimRecord(job, slot, manual, token, runner, at_ms)
+        if kind == "result":
+            status = record_text(data["status"], "status", limit=100)
+            if status not in _RESULT_STATUSES:
+                raise StoreError(f"unknown result status {status[:40]!r}")
+            started = record_ms(data["started"], "started", lo=0) \
+                if data.get("started") else None
+            error, meta = (None if data.get(name) is None
+                           else record_text(data[name], name, limit=_MAX_TEXT)
+                           for name in ("error", "meta"))
+            return ResultRecord(job, slot, manual, token, runner, started, at_ms, status,
+                                error, meta)
+    except (KeyError, ValueError) as exc:
+        raise StoreError(f"malformed anarchon record: {exc!r}") from None
+    raise StoreError(f"unknown record kind {str(kind)[:40]!r}")
 
 
 def runs_from_records(records: Iterable[Record], limit: int | None = None) -> list[Run]:

@@ -13,8 +13,9 @@ from typing import Any
 
 from ...decision import late_error, not_run
 from ...errors import StoreError
-from ...models import ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
+from ...models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest, ClaimResult, Run, RunRef
 from ...readmodel import load_meta
+from ...records import record_map, record_ms, record_text
 from ...schedules import ms_to_datetime
 from .clients import Commands, LuaScript
 from .keys import redis_key
@@ -119,7 +120,10 @@ async def claim_only_finish(conn: Commands, prefix: str, ref: RunRef, *, status:
     return int(reply) == 1
 
 
-_UNREADABLE = (TypeError, ValueError, KeyError, IndexError, OverflowError)
+_UNREADABLE = (TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)
+_RESULT_STATUSES = FINISHED_STATUSES
+#: The longest runner or error text a record may hold.
+_MAX_TEXT = 1_000_000
 
 
 def _entries(job: str, key: str, reply: Any, manual: bool) -> list[dict[str, Any]]:
@@ -130,11 +134,10 @@ def _entries(job: str, key: str, reply: Any, manual: bool) -> list[dict[str, Any
             entry_id, flat = entry
             fields = dict(zip(flat[::2], flat[1::2], strict=False))
             at = fields.get("at") or str(entry_id).split("-", 1)[0]
-            claim = {"slot": int(fields["slot"]), "manual": manual,
-                     "token": fields.get("token"), "runner": fields.get("runner", ""),
-                     "at": int(at)}
-            ms_to_datetime(claim["slot"])
-            ms_to_datetime(claim["at"])
+            claim = {"slot": record_ms(fields["slot"], "slot"), "manual": manual,
+                     "runner": record_text(fields.get("runner", ""), "runner",
+                                           limit=_MAX_TEXT),
+                     "at": record_ms(at, "at", lo=0)}
         except _UNREADABLE as exc:
             corrupt_records.report(key, job, repr(entry), f"unreadable claim entry: {exc!r}")
             continue
@@ -147,15 +150,19 @@ def _result(job: str, key: str, text: Any) -> dict[str, Any]:
     if not text:
         return {}
     try:
-        result = json.loads(text)
-        if not isinstance(result, dict) or not isinstance(result.get("s", ""), str):
-            raise ValueError("not a JSON object")
-        if result.get("f"):
-            ms_to_datetime(int(result["f"]))
+        result = record_map(json.loads(text), "result")
+        if result.get("s") not in _RESULT_STATUSES:
+            raise ValueError(f"unknown status {str(result.get('s'))[:40]!r}")
+        return {
+            "s": result["s"],
+            "f": None if result.get("f") in (None, "") else record_ms(result["f"], "f", lo=0),
+            "e": None if result.get("e") is None else record_text(result["e"], "e",
+                                                                   limit=_MAX_TEXT),
+            "m": result.get("m"),
+        }
     except _UNREADABLE as exc:
         corrupt_records.report(key, job, str(text), f"unreadable result: {exc!r}")
         return {}
-    return result
 
 
 async def claim_only_history(conn: Commands, prefix: str, job: str, limit: int, *,
@@ -181,8 +188,8 @@ async def claim_only_history(conn: Commands, prefix: str, job: str, limit: int, 
         finished = result.get("f")
         runs.append(Run(
             job=job, slot=claim["slot"], attempt=1, status=result.get("s", "running"),
-            runner=str(claim["runner"]), started_at=ms_to_datetime(claim["at"]),
-            finished_at=ms_to_datetime(int(finished)) if finished else None,
+            runner=claim["runner"], started_at=ms_to_datetime(claim["at"]),
+            finished_at=ms_to_datetime(finished) if finished is not None else None,
             error=result.get("e"), manual=claim["manual"], meta=load_meta(result.get("m")),
         ))
     return runs
