@@ -142,6 +142,13 @@ SMOKES: list[Smoke] = [
           for store in ("redis", "postgres", "sqlite") for size in ("1,000", "3")),
     ], stores=("postgres",), args=lambda: [
         "--postgres-url", postgres_store.POSTGRES_URL, *own_redis_server()]),
+    Smoke("django-tasks", "bench.django_tasks", [
+        Expect(r"^Django [\d.]+\w*, Python [\d.]+\w*, SQLite; 20 entries every 1 s, 3 s "
+               r"measured per row$"),
+        Expect(r"^row +tasks +CPU s/min +×floor +late p50 ms +late p99 ms +tasks/slot$"),
+        Expect(rf"^floor: enqueue\(\) loop +\d+ +{_NUM} +1\.00 +{_NUM} +{_NUM} +\d+/\d+$"),
+        Expect(rf"^anarchon: scheduled tasks +\d+ +{_NUM} +{_NUM} +{_NUM} +{_NUM} +\d+/\d+$"),
+    ]),
 ]
 
 
