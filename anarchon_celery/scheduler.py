@@ -128,7 +128,7 @@ class _Publisher:
                  threads: int) -> None:
         self.app = app
         self.publish_fn = publish
-        self.queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[_WonSlot | None] = queue.SimpleQueue()
         self.threads = [threading.Thread(target=self._run, name=f"anarchon-publish-{i}",
                                          daemon=True) for i in range(threads)]
         for thread in self.threads:
@@ -145,7 +145,7 @@ class _Publisher:
             job = self.queue.get()
             if job is None:
                 return
-            done: list[tuple[_Job, Any, BaseException | None]] = []
+            done: list[tuple[_WonSlot, Any, BaseException | None]] = []
             try:
                 with self.app.producer_or_acquire() as producer:
                     while job is not None:
@@ -159,7 +159,7 @@ class _Publisher:
                     done.append((job, None, exc))
             _settle(done)
 
-    def _next(self) -> _Job | None:
+    def _next(self) -> _WonSlot | None:
         """The next queued job without waiting (a stop request is put back for the loop)."""
         try:
             job = self.queue.get_nowait()
@@ -169,7 +169,7 @@ class _Publisher:
             self.queue.put(None)
         return job
 
-    def _one(self, producer: Any, job: _Job) -> tuple[_Job, Any, BaseException | None]:
+    def _one(self, producer: Any, job: _WonSlot) -> tuple[_WonSlot, Any, BaseException | None]:
         _, _, entry, ctx = job
         try:
             return job, self.publish_fn(entry, ctx, producer), None
@@ -184,12 +184,12 @@ class _Publisher:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Any, JobContext]
+_WonSlot = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Any, JobContext]
 
 
-def _settle(done: list[tuple[_Job, Any, BaseException | None]]) -> None:
+def _settle(done: list[tuple[_WonSlot, Any, BaseException | None]]) -> None:
     """Hand the outcomes of published jobs back to their loops, one wake-up per loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_WonSlot, Any, BaseException | None]]] = {}
     for outcome in done:
         by_loop.setdefault(outcome[0][0], []).append(outcome)
     for loop, outcomes in by_loop.items():
@@ -197,7 +197,7 @@ def _settle(done: list[tuple[_Job, Any, BaseException | None]]) -> None:
             loop.call_soon_threadsafe(_set_outcomes, outcomes)
 
 
-def _set_outcomes(outcomes: list[tuple[_Job, Any, BaseException | None]]) -> None:
+def _set_outcomes(outcomes: list[tuple[_WonSlot, Any, BaseException | None]]) -> None:
     for (_, future, _, _), result, exc in outcomes:
         if future.done():
             continue

@@ -63,7 +63,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from anarchon_core.cli.fleet import LedgerEntry, read_ledger
+from anarchon_core.cli.processes import LedgerEntry, read_ledger
 
 from .faults import FAULTS, FaultEvent, FaultLog
 

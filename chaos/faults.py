@@ -1,6 +1,6 @@
 """Faults injected into a running fleet, chosen at random from one seed.
 
-:class:`Chaos` drives a :class:`~anarchon_core.cli.fleet.Cluster` (and, when the run owns
+:class:`Chaos` drives a :class:`~anarchon_core.cli.processes.Cluster` (and, when the run owns
 one, a dedicated store server) and writes every action it takes to a :class:`FaultLog`
 with both the harness's wall clock and the machine-wide monotonic clock, so the checker
 can line faults up with the ledgers and the store's history.
@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anarchon_core.cli.fleet import Cluster, Instance
+from anarchon_core.cli.processes import Cluster, Instance
 
 from .proxy import FreezableProxy
 from .servers import RedisClusterServer, StoreServer

@@ -51,7 +51,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from anarchon_core import Scheduler, backend_from_url
-from anarchon_core.cli.fleet import JobSpec
+from anarchon_core.cli.processes import InstanceJob
 from anarchon_core.durations import parse_duration_ms
 from anarchon_core.models import Run
 from anarchon_core.options import default_jitter_ms, default_max_late_ms
@@ -232,22 +232,22 @@ def open_target(backend: str, workdir: Path) -> Iterator[Target]:
             server.stop()
 
 
-def chaos_jobs(leases: bool, seed: int) -> list[JobSpec]:
+def chaos_jobs(leases: bool, seed: int) -> list[InstanceJob]:
     """The job mix, the same on every backend.
 
     Short and long handlers (``long`` outlives the lease), sync and async, and ``slow``,
     whose handler overruns its ``timeout_ms`` in about a third of its slots.
     """
     return [
-        JobSpec("tick", every="1s", sleep_s=0.05),
-        JobSpec("work", every="2s", sleep_s=0.6, sync=True),
-        JobSpec("long", every="5s", sleep_s=3.0),
-        JobSpec("slow", every="3s", sleep_s=0.2, sync=True, slow_ratio=0.35,
+        InstanceJob("tick", every="1s", sleep_s=0.05),
+        InstanceJob("work", every="2s", sleep_s=0.6, sync=True),
+        InstanceJob("long", every="5s", sleep_s=3.0),
+        InstanceJob("slow", every="3s", sleep_s=0.2, sync=True, slow_ratio=0.35,
                 slow_sleep_s=4.0, slow_seed=seed, options={"timeout_ms": 1_500}),
     ]
 
 
-def _job_meta(spec: JobSpec) -> dict[str, Any]:
+def _job_meta(spec: InstanceJob) -> dict[str, Any]:
     assert spec.every is not None
     interval = parse_duration_ms(spec.every)
     jitter = spec.options.get("jitter_ms", default_jitter_ms(interval))

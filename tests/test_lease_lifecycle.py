@@ -16,7 +16,7 @@ import pytest
 
 from .stores import StoreHandle
 from .support.procs import (
-    JobSpec,
+    InstanceJob,
     LedgerEntry,
     assert_no_concurrent_execution,
     now_ms,
@@ -48,7 +48,7 @@ def test_stop_keeps_the_lease_of_a_handler_that_ignores_it(store_url: str,
     """SIGTERM with a 100 ms grace while a stubborn handler works: no hand-over until the
     code is gone; the backup's attempt 2 starts only after attempt 1's code ended."""
     offset_ms = (now_ms() + 4_000) % 20_000  # the first slot 4 s from now, the next later
-    jobs = [JobSpec("long", every="20s", sleep_s=3.0, sync=True, stubborn=True,
+    jobs = [InstanceJob("long", every="20s", sleep_s=3.0, sync=True, stubborn=True,
                     options={"offset": f"{offset_ms}ms"})]
     with start_instances(store_url, jobs, 2, tmp_path, lease_ms=2_000, heartbeat_ms=400,
                          grace_ms=100) as cluster:
@@ -77,7 +77,7 @@ def test_timeout_holds_the_overlap_guard_until_the_code_returns(store_url: str,
     """``timeout_ms`` 500 on a handler that works 2.6 s every 2 s: the run fails with
     ``timeout`` only once its code returned, and the next slot is skipped (overlap) while
     the code still runs — never started beside it."""
-    jobs = [JobSpec("slow", every="2s", sleep_s=2.6, sync=True, stubborn=True,
+    jobs = [InstanceJob("slow", every="2s", sleep_s=2.6, sync=True, stubborn=True,
                     options={"timeout_ms": 500})]
     with start_instances(store_url, jobs, 3, tmp_path, lease_ms=1_500,
                          heartbeat_ms=300) as cluster:
@@ -106,7 +106,7 @@ def test_rolling_deploy_recovers_an_orphaned_run(store_url: str, tmp_path: Path)
     the orphaned run and takes it over as attempt 2."""
     # A slot every 30 s (no second slot during the test), the first one 4 s from now.
     offset_ms = (now_ms() + 4_000) % 30_000
-    jobs = [JobSpec("long", every="30s", sleep_s=6.0, options={"offset": f"{offset_ms}ms"})]
+    jobs = [InstanceJob("long", every="30s", sleep_s=6.0, options={"offset": f"{offset_ms}ms"})]
     old = start_instances(store_url, jobs, 3, tmp_path / "old", lease_ms=3_000,
                           heartbeat_ms=1_000)
     with old:

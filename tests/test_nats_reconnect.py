@@ -20,7 +20,7 @@ from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from .stores import unavailable
 from .support.helpers import free_port
-from .support.procs import JobSpec, grid_slots, now_ms, read_history, start_instances
+from .support.procs import InstanceJob, grid_slots, now_ms, read_history, start_instances
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -132,7 +132,7 @@ def test_instances_reconnect_and_no_slot_runs_twice(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
     url = f"{nats_server.url}?prefix=drop.&stream=DROP"
-    jobs = [JobSpec("tick", every="1s", sleep_s=0.6)]
+    jobs = [InstanceJob("tick", every="1s", sleep_s=0.6)]
     with start_instances(url, jobs, 3, tmp_path / "fleet") as cluster:
         cluster.wait_ready()
         time.sleep(4)

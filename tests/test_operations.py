@@ -40,7 +40,7 @@ from .stores import StoreHandle
 from .stores.redis import start_server
 from .support.helpers import free_port
 from .support.procs import (
-    JobSpec,
+    InstanceJob,
     await_until,
     now_ms,
     read_history,
@@ -110,8 +110,8 @@ def test_pause_and_status_across_three_processes(store_handles: Callable[[str], 
     handle = store_handles("redis")
     assert handle.url is not None
     url = handle.url(namespace)
-    same = [JobSpec("tick", every="1s", sleep_s=0.05, options={"jitter_ms": 300})]
-    other = [JobSpec("tick", every="2s", sleep_s=0.05, options={"jitter_ms": 300})]
+    same = [InstanceJob("tick", every="1s", sleep_s=0.05, options={"jitter_ms": 300})]
+    other = [InstanceJob("tick", every="2s", sleep_s=0.05, options={"jitter_ms": 300})]
     with start_instances(url, same, 2, tmp_path / "same") as pair, \
             start_instances(url, other, 1, tmp_path / "other") as odd:
         pair.wait_ready()
@@ -371,7 +371,7 @@ def test_slots_due_while_every_instance_was_down_are_recorded_missed_once(
     handle = store_handles("postgres")
     assert handle.url is not None
     url = handle.url(namespace)
-    jobs = [JobSpec("tick", every="1s", sleep_s=0.05, options={"jitter_ms": 200})]
+    jobs = [InstanceJob("tick", every="1s", sleep_s=0.05, options={"jitter_ms": 200})]
     with start_instances(url, jobs, 3, tmp_path / "before") as before:
         before.wait_ready()
         wait_for(lambda: len([e for e in before.ledger() if e.event == "end"]) >= 2, 15,

@@ -19,7 +19,7 @@ from chaos.proxy import FreezableProxy
 
 from .stores import StoreHandle
 from .support.procs import (
-    JobSpec,
+    InstanceJob,
     LedgerEntry,
     assert_exactly_once,
     assert_no_concurrent_execution,
@@ -64,9 +64,9 @@ def test_a_partitioned_runner_is_cancelled_before_the_backup_starts(store_url: s
         # so it is the runner and they are its backups.
         # The first slot 5 s from now (the instances are up by then), the next one later.
         offset = f"{(now_ms() + 5_000) % 20_000}ms"
-        first_job = [JobSpec("long", every="20s", sleep_s=6.0,
+        first_job = [InstanceJob("long", every="20s", sleep_s=6.0,
                              options={"jitter_ms": 0, "offset": offset})]
-        backup_jobs = [JobSpec("long", every="20s", sleep_s=6.0,
+        backup_jobs = [InstanceJob("long", every="20s", sleep_s=6.0,
                                options={"jitter_ms": 400, "offset": offset})]
         partitioned = start_instances(through(store_url, proxy), first_job, 1,
                                       tmp_path / "partitioned", **timings)

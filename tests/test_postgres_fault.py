@@ -29,7 +29,7 @@ from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
 from .stores import unavailable
 from .support.helpers import free_port
-from .support.procs import JobSpec, grid_slots, now_ms, read_history, start_instances
+from .support.procs import InstanceJob, grid_slots, now_ms, read_history, start_instances
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -212,7 +212,7 @@ def test_scheduler_recovers_from_a_store_restart_without_double_success(
     dedicated: DedicatedPostgres, namespace: str, tmp_path: Path, fault: signal.Signals
 ) -> None:
     url = f"{dedicated.url}?table={namespace}"
-    jobs = [JobSpec("tick", every="1s", sleep_s=0.3)]
+    jobs = [InstanceJob("tick", every="1s", sleep_s=0.3)]
     with start_instances(url, jobs, 3, tmp_path, lease_ms=3_000, heartbeat_ms=1_000) as cluster:
         cluster.wait_ready()
         time.sleep(4)

@@ -16,7 +16,7 @@ import pytest
 from .stores import StoreHandle, StoreSpec
 from .support.procs import (
     Cluster,
-    JobSpec,
+    InstanceJob,
     LedgerEntry,
     assert_exactly_once,
     check_every_slot_runs_once,
@@ -51,7 +51,7 @@ def test_takeover_after_sigkill(
     persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
     url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("long", every="6s", sleep_s=3.0)]
+    jobs = [InstanceJob("long", every="6s", sleep_s=3.0)]
     with start_instances(url, jobs, 3, tmp_path, lease_ms=1_500, heartbeat_ms=500) as cluster:
         cluster.wait_ready()
         first = wait_for(lambda: started(cluster, "long"), 15, "a run to start")
@@ -79,7 +79,7 @@ def test_paused_runner_is_fenced_after_takeover(
     persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
     url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("long", every="8s", sleep_s=2.5)]
+    jobs = [InstanceJob("long", every="8s", sleep_s=2.5)]
     with start_instances(url, jobs, 3, tmp_path, lease_ms=1_500, heartbeat_ms=500) as cluster:
         cluster.wait_ready()
         first = wait_for(lambda: started(cluster, "long"), 15, "a run to start")
@@ -122,7 +122,7 @@ def test_sigterm_hands_a_long_run_over_at_once(
     returns (an async handler cancelled after the stop grace, or a sync one that returns on
     ``ctx.cancelled``), long before the 20 s lease would have expired."""
     url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("long", every="10s", sleep_s=60.0, sync=sync,
+    jobs = [InstanceJob("long", every="10s", sleep_s=60.0, sync=sync,
                     options={"jitter_ms": 0, "overlap": True})]
     with start_instances(url, jobs, 3, tmp_path, lease_ms=20_000,
                          heartbeat_ms=HAND_OVER_HEARTBEAT_MS, grace_ms=1_000) as cluster:
@@ -150,7 +150,7 @@ def test_overlapping_slots_are_skipped(
     persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
     url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("slow", every="1s", sleep_s=2.5, options={"jitter_ms": 100})]
+    jobs = [InstanceJob("slow", every="1s", sleep_s=2.5, options={"jitter_ms": 100})]
     with start_instances(url, jobs, 2, tmp_path, lease_ms=1_500, heartbeat_ms=300) as cluster:
         cluster.wait_ready()
         time.sleep(9)
@@ -172,7 +172,7 @@ def test_max_attempts_then_interrupted_for_good(
     persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
     url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("fragile", every="8s", sleep_s=3.0, options={"max_attempts": 1})]
+    jobs = [InstanceJob("fragile", every="8s", sleep_s=3.0, options={"max_attempts": 1})]
     with start_instances(url, jobs, 2, tmp_path, lease_ms=1_000, heartbeat_ms=300) as cluster:
         cluster.wait_ready()
         first = wait_for(lambda: started(cluster, "fragile"), 15, "a run to start")
@@ -190,7 +190,7 @@ def test_paused_instance_skips_a_slot_it_claims_too_late(
     persistent_lease_store: tuple[StoreSpec, StoreHandle], namespace: str, tmp_path: Path
 ) -> None:
     url = url_of(persistent_lease_store, namespace)
-    jobs = [JobSpec("prompt", every="2s", options={"max_late_ms": 300, "jitter_ms": 0})]
+    jobs = [InstanceJob("prompt", every="2s", options={"max_late_ms": 300, "jitter_ms": 0})]
     with start_instances(url, jobs, 1, tmp_path) as cluster:
         cluster.wait_ready()
         wait_for(lambda: started(cluster, "prompt"), 10, "a first run")

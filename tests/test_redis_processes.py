@@ -16,7 +16,7 @@ import pytest
 
 from .stores.redis import start_server
 from .support.procs import (
-    JobSpec,
+    InstanceJob,
     now_ms,
     read_history,
     start_instances,
@@ -33,7 +33,7 @@ def test_scheduler_reconnects_after_the_store_restarts(strategy: str, namespace:
                                                     "--appendfsync", "always"])
     try:
         url = f"{server.url}?prefix={namespace}:&strategy={strategy}"
-        jobs = [JobSpec("tick", every="1s", sleep_s=0.05)]
+        jobs = [InstanceJob("tick", every="1s", sleep_s=0.05)]
         with start_instances(url, jobs, 3, tmp_path / "fleet") as cluster:
             cluster.wait_ready()
             time.sleep(4)

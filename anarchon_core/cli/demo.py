@@ -18,14 +18,14 @@ from ..models import Run
 from ..scheduler import Scheduler
 from ..schedules import ms_to_datetime
 from ..url import backend_from_url, mask_url
-from .fleet import Cluster, JobSpec
+from .processes import Cluster, InstanceJob
 
 __all__ = ["run_demo"]
 
 LEASE_MS, HEARTBEAT_MS = 3_000, 1_000
 JOBS = [
-    JobSpec("heartbeat", every="2s", sleep_s=0.2),
-    JobSpec("report", every="8s", sleep_s=4.0),
+    InstanceJob("heartbeat", every="2s", sleep_s=0.2),
+    InstanceJob("report", every="8s", sleep_s=4.0),
 ]
 
 

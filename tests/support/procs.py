@@ -1,6 +1,6 @@
 """Real instance processes for multi-process tests, and the ledger they write.
 
-    cluster = start_instances(url, [JobSpec("tick", every="1s")], count=4, workdir=tmp_path)
+    cluster = start_instances(url, [InstanceJob("tick", every="1s")], count=4, workdir=tmp_path)
     with cluster:                      # every instance is SIGKILLed on exit
         cluster.wait_ready()
         time.sleep(15)
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anarchon_core import Run, Scheduler, backend_from_url
-from anarchon_core.cli.fleet import (
+from anarchon_core.cli.processes import (
     Cluster,
     Instance,
-    JobSpec,
+    InstanceJob,
     LedgerEntry,
     read_ledger,
     start_instances,
@@ -31,7 +31,7 @@ from .helpers import await_until, wait_for
 __all__ = [
     "Cluster",
     "Instance",
-    "JobSpec",
+    "InstanceJob",
     "LedgerEntry",
     "OnceReport",
     "assert_exactly_once",
@@ -122,8 +122,8 @@ def check_every_slot_runs_once(url: str, workdir: Path, *, seconds: float = 10,
     slot in the window ran exactly once by the ledger and by history, and jitter spread
     the runs over several instances. Returns each job's history for further checks.
     """
-    jobs = [JobSpec("tick", every="1s", sleep_s=0.2),
-            JobSpec("tock", every="1s", sleep_s=0.3, sync=True)]
+    jobs = [InstanceJob("tick", every="1s", sleep_s=0.2),
+            InstanceJob("tock", every="1s", sleep_s=0.3, sync=True)]
     with start_instances(url, jobs, instances, workdir) as cluster:
         cluster.wait_ready()
         begin = now_ms() + 1_500

@@ -1,4 +1,4 @@
-"""A fleet of instance processes and the ledger they write (the demo, tests, chaos runs).
+"""Instance processes for the demo, the tests and chaos runs, and the ledger they write.
 
 Each instance is ``python -m anarchon_core.cli.instance``; see that module for the ledger.
 """
@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Cluster", "Instance", "JobSpec", "LedgerEntry", "read_ledger", "start_instances"]
+__all__ = ["Cluster", "Instance", "InstanceJob", "LedgerEntry", "read_ledger", "start_instances"]
 
 
 @dataclass
-class JobSpec:
+class InstanceJob:
     """A job every instance registers. ``sleep_s`` is how long its handler works."""
 
     name: str
@@ -118,7 +118,7 @@ class Instance:
 class Cluster:
     """A group of instances sharing one backend URL and job list."""
 
-    def __init__(self, url: str, jobs: list[JobSpec], workdir: Path, *,
+    def __init__(self, url: str, jobs: list[InstanceJob], workdir: Path, *,
                  lease_ms: int | None = None, heartbeat_ms: int | None = None,
                  env: dict[str, str] | None = None, grace_ms: int = 2_000,
                  log_level: str = "INFO", history_size: int | None = None) -> None:
@@ -212,7 +212,7 @@ class Cluster:
                 i.kill()
 
 
-def start_instances(url: str, jobs: list[JobSpec], count: int, workdir: Path, *,
+def start_instances(url: str, jobs: list[InstanceJob], count: int, workdir: Path, *,
                     lease_ms: int | None = None, heartbeat_ms: int | None = None,
                     env: dict[str, str] | None = None, grace_ms: int = 2_000) -> Cluster:
     """Start ``count`` instance processes (call ``wait_ready`` before timing anything)."""
