@@ -1,12 +1,14 @@
 """A scheduled task's own outcome, recorded beside its run (``Run.meta["task_status"]``).
 
 The task backend sends ``task_finished`` in the process that ran the task (a worker of
-``django-tasks-db``, or the enqueuing thread itself with ``ImmediateBackend``). The
-receiver here finds the run that enqueued it (by its slot key when the task takes one,
-else by the task id among the newest runs of the jobs that schedule it) and adds
-``task_status`` to that run's meta (``Backend.add_meta``: every lease store). Claim-only
-stores, which cannot update an ended run's meta (RabbitMQ, NATS, Redis's claim-only
-strategies), keep only what the enqueue saw; the receiver never fails a task.
+``django-tasks-db`` or ``django-tasks-rq``, or the enqueuing thread itself with
+``ImmediateBackend``). The receiver here finds the run that enqueued it (by its slot key
+when the task takes one, else by the task id among the newest runs of the jobs that
+schedule it; while a run that may be the one still runs, it waits a few seconds for that
+run's end) and adds ``task_status`` to that run's meta (``Backend.add_meta``: every
+lease store). Claim-only stores, which cannot update an ended run's meta (RabbitMQ, NATS,
+Redis's claim-only strategies), keep only what the enqueue saw; the receiver never fails
+a task.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 from typing import Any
 
 from anarchon_core import Run
+from anarchon_core.backend import Backend
 from anarchon_core.errors import UnsupportedStrategyError
 from anarchon_core.models import RunRef
 
@@ -29,6 +32,9 @@ log = logging.getLogger("anarchon.django.tasks")
 _SEARCH_RUNS = 100
 #: The longest a receiver waits for the store.
 _TIMEOUT_S = 10.0
+#: How long a receiver waits for a running run to record its end, and how often it looks.
+_END_WAIT_S = 5.0
+_END_POLL_S = 0.1
 _unsupported_said = False
 
 
@@ -98,11 +104,17 @@ async def _record(jobs: list[str], task_id: str, slot: int | None, status: str) 
 
     backend = conf.build_backend(conf.load())
     await backend.start()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _END_WAIT_S
     try:
-        for job in jobs:
-            run = find_run(await backend.history(job, _SEARCH_RUNS), task_id, slot)
-            if run is None:
-                continue
+        while True:
+            run, pending = await _find(backend, jobs, task_id, slot)
+            if run is not None or not pending or loop.time() >= deadline:
+                break
+            # A worker can finish the task before the worker that enqueued it has recorded
+            # the run's end (and with it the task id): wait for that end, briefly.
+            await asyncio.sleep(_END_POLL_S)
+        if run is not None:
             try:
                 await backend.add_meta(RunRef(run.job, run.slot, "", run.attempt, run.manual),
                                        {"task_status": status})
@@ -117,3 +129,17 @@ async def _record(jobs: list[str], task_id: str, slot: int | None, status: str) 
                   status, ", ".join(jobs), _SEARCH_RUNS)
     finally:
         await backend.stop()
+
+
+async def _find(backend: Backend, jobs: list[str], task_id: str,
+                slot: int | None) -> tuple[Run | None, bool]:
+    """The ended run that enqueued ``task_id``, and whether a run that may have is running."""
+    pending = False
+    for job in jobs:
+        runs = await backend.history(job, _SEARCH_RUNS)
+        run = find_run(runs, task_id, slot)
+        if run is not None:
+            return run, False
+        pending = pending or any(r.status == "running" and (slot is None or r.slot == slot)
+                                 for r in runs)
+    return None, pending

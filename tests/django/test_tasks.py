@@ -6,8 +6,11 @@ Real workers of the DB task backend are in ``test_task_workers.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +21,7 @@ from django.db import connections
 
 import anarchon_django
 from anarchon_core import ConfigError, JobContext, LeaseLost
-from anarchon_django import registry, tasks
+from anarchon_django import registry, taskresults, tasks
 from tests.django.conftest import Store
 from tests.django.testapp.models import Note
 
@@ -115,6 +118,36 @@ def test_dummy_backend_keeps_the_enqueued_task(db_store: Store, backend: str,
     assert result.kwargs == {"slot_key": f"{job_name}@{run.slot}"}
     assert "task_status" not in run.meta  # not run yet
     assert SEEN == []
+
+
+@pytest.mark.parametrize("backend", ["dummy"], indirect=True)
+def test_a_task_finished_before_its_run_ended_still_reaches_the_run(
+        store: Store, backend: str, job_name: str) -> None:
+    """A queue's worker (django-tasks-rq) can finish the task before the run's end is written."""
+    module = importlib.import_module(TASKS_MODULE)
+    signals = importlib.import_module(f"{TASKS_MODULE}.signals")
+    reporters: list[threading.Thread] = []
+
+    def on_enqueued(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished = dataclasses.replace(task_result, status=module.TaskResultStatus.SUCCESSFUL)
+        reporter = threading.Thread(target=taskresults.on_task_finished, args=(sender,),
+                                    kwargs={"task_result": finished})
+        reporter.start()
+        reporters.append(reporter)
+        time.sleep(0.5)  # the worker reports the task while the run still runs
+
+    signals.task_enqueued.connect(on_enqueued)
+    anarchon_django.schedule(report, every="10m", name=job_name, args=["weekly"])
+    try:
+        run = _run(job_name)
+    finally:
+        signals.task_enqueued.disconnect(on_enqueued)
+    for reporter in reporters:
+        reporter.join(20)
+    assert run.status == "success", run.error
+    [recorded] = anarchon_django.get_reader().sync.history(job_name)
+    assert recorded.meta["task_id"] == run.meta["task_id"]
+    assert recorded.meta["task_status"] == "SUCCESSFUL"
 
 
 def test_schedule_refuses_arguments_the_task_cannot_take(backend: str, job_name: str) -> None:
