@@ -4,6 +4,9 @@
   which holds both anarchon's runs table and django-tasks-db's task rows).
 * ``TASKSITE_FAULT``: ``between:N`` kills the process (SIGKILL) on its N-th enqueue, after
   the task row is written and before the run's end; ``after:N`` right after that commit.
+* ``TASKSITE_RQ``: a ``redis://`` URL: the tasks go to ``django-tasks-rq`` on that Redis
+  (queue ``default``, run by ``manage.py rqworker``) and anarchon's store is that Redis
+  too (strategy ``lease``), instead of ``django-tasks-db`` and the project database.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ SECRET_KEY = "tests-only-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+RQ_URL = os.environ.get("TASKSITE_RQ", "")
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
     *([] if importlib.util.find_spec("django.tasks") else ["django_tasks"]),
-    "django_tasks_db",
+    "django_rq" if RQ_URL else "django_tasks_db",
     "anarchon_django",
     "tests.django.tasksite.shop",
 ]
@@ -38,9 +42,11 @@ def _database(url: str) -> dict[str, Any]:
 
 
 DATABASES = {"default": _database(os.environ.get("TASKSITE_DB", "sqlite:///tasksite.db"))}
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+TASKS = {"default": {"BACKEND": "django_tasks_rq.RQBackend" if RQ_URL
+                     else "django_tasks_db.DatabaseBackend"}}
+RQ_QUEUES = {"default": {"URL": RQ_URL}} if RQ_URL else {}
 ANARCHON = {
-    "BACKEND": "default",
+    "BACKEND": RQ_URL or "default",
     "LEASE_MS": int(os.environ.get("TASKSITE_LEASE_MS", "1500")),
     "STOP_GRACE_MS": 1_000,
     # Chains of kills must not use up a slot's attempts, and a killed slot's live lease
