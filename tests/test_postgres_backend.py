@@ -19,8 +19,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from anarchon_core import backend_from_url
 from anarchon_core.backend import new_token
-from anarchon_core.backends import postgres as pg
 from anarchon_core.backends.postgres import PostgresBackend
+from anarchon_core.backends.postgres import backend as pg_backend
+from anarchon_core.backends.postgres import connections as pg_connections
 from anarchon_core.errors import ConfigError, ReadOnlyError, StoreError, StoreUnavailable
 from anarchon_core.models import ClaimOutcome, ClaimRequest, HistoryQuery, RunRef
 from anarchon_core.schema import sql_schema
@@ -512,7 +513,7 @@ async def test_a_session_that_keeps_losing_its_functions_falls_back(
                 except StoreUnavailable:
                     failures += 1
                     assert (await backend.claim(req(f"after{i}", slot))).won
-        assert failures == pg.MAX_VANISHED
+        assert failures == pg_backend.MAX_VANISHED
         warnings = [rec.getMessage() for rec in caplog.records]
         assert len(warnings) == 1, warnings
         assert "transaction_pooling=True" in warnings[0]
@@ -620,7 +621,7 @@ async def test_commit_whose_answer_was_lost_is_never_reported_twice(
     retried finish sees its own result."""
     backend = PostgresBackend(POSTGRES_URL, table=namespace)
     await backend.start()
-    real = pg._drive_async
+    real = pg_connections.drive_async
     lose_next = False
 
     async def drive(*args: Any) -> Any:
@@ -631,7 +632,7 @@ async def test_commit_whose_answer_was_lost_is_never_reported_twice(
             raise psycopg.OperationalError("server closed the connection")
         return result
 
-    monkeypatch.setattr(pg, "_drive_async", drive)
+    monkeypatch.setattr(pg_connections, "drive_async", drive)
     try:
         slot = await backend.clock_ms()
         r = req("job", slot)

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from anarchon_core.backend import Backend, new_token
-from anarchon_core.backends import postgres as pg
 from anarchon_core.backends.postgres import PostgresBackend
+from anarchon_core.backends.postgres import connections as pg_connections
 from anarchon_core.backends.sqlite import SqliteBackend
 from anarchon_core.backends.sqlstore import Batched
 from anarchon_core.batching import rounds
@@ -254,7 +254,7 @@ async def test_a_transient_failure_reaches_every_caller_of_the_batch_and_a_retry
     assert isinstance(backend, PostgresBackend)
     await backend.start()
     now = await backend.clock_ms()
-    real = pg._drive_async
+    real = pg_connections.drive_async
     transactions = 0
 
     async def drive(*args: Any) -> Any:
@@ -265,7 +265,7 @@ async def test_a_transient_failure_reaches_every_caller_of_the_batch_and_a_retry
             raise psycopg.OperationalError("server closed the connection")
         return result
 
-    monkeypatch.setattr(pg, "_drive_async", drive)
+    monkeypatch.setattr(pg_connections, "drive_async", drive)
     try:
         runs = [req(f"job-{i}", now, lease_ms=LONG) for i in range(40)]
         # The first claim of the burst goes out alone, the other 39 in one batch.

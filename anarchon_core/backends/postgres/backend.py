@@ -40,31 +40,23 @@ out, with that module's statements. What is specific to PostgreSQL is how they a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import threading
-import weakref
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
-from psycopg.rows import tuple_row
 
-from ..backend import MAX_NAMESPACES, Backend
-from ..decision import HANDED_OVER
-from ..errors import ConfigError, StoreError, StoreUnavailable
-from ..models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
-from ..readmodel import dump_meta
-from ..schema import sql_names, sql_schema, sql_upgrade
-from ..transactional import SqlStatement
-from ..url import NAMESPACE_PARAMS, check_postgres_conninfo, mask_url, split_namespace_params
-from .common import missing_store, parse_flag, refuse_write
-from .pgfunctions import (
+from ...backend import MAX_NAMESPACES, Backend
+from ...decision import HANDED_OVER
+from ...errors import ConfigError, StoreError, StoreUnavailable
+from ...models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
+from ...readmodel import dump_meta
+from ...schema import sql_names, sql_schema, sql_upgrade
+from ...transactional import SqlStatement
+from ...url import NAMESPACE_PARAMS, mask_url, split_namespace_params
+from ..common import missing_store, parse_flag, refuse_write
+from ..pgfunctions import (
     claim_call,
     claim_call_steps,
     claim_function,
@@ -75,11 +67,9 @@ from .pgfunctions import (
     update_call_steps,
     update_function,
 )
-from .sqlstore import (
-    MAX_YIELDS,
+from ..sqlstore import (
     Answers,
     Batched,
-    Last,
     SqlQueries,
     Step,
     Steps,
@@ -99,12 +89,15 @@ from .sqlstore import (
     runs_steps,
     update_batch_steps,
 )
-from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
+from ..storeerrors import STORE, TRANSIENT, Kind, StoreErrors
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-__all__ = ["PostgresBackend"]
+from .connections import OwnedConnection, make_source
+from .driver import FunctionVanished
+
+__all__ = ["MAX_BATCH", "MAX_VANISHED", "PostgresBackend"]
 
 logger = logging.getLogger("anarchon.postgres")
 
@@ -119,7 +112,6 @@ Connection = Union[
 # Whole milliseconds since the epoch by the server clock. No "::" cast: sqlstore turns
 # ":name" into placeholders.
 _NOW_MS = "CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT)"
-_DEFAULT_LEASE_MS = 30_000
 # The anarchon tables of the database: ``<t>`` beside a readable ``<t>_meta`` (a text
 # ``name`` column) that holds a ``format`` row. The CASE runs the per-table query only on
 # tables known to be readable; query_to_xml runs it inside this one statement.
@@ -161,34 +153,6 @@ def _classify(exc: BaseException) -> Kind:
     if isinstance(exc, psycopg.Error):
         return STORE
     return None
-
-
-@dataclass(frozen=True)
-class _Timeouts:
-    """The timeouts of anarchon's own connection, fitted to a lease (``tune_timeouts``)."""
-
-    connect_s: int
-    keepalives_idle_s: int
-    keepalives_interval_s: int
-    keepalives_count: int
-    tcp_user_timeout_ms: int
-    transaction_s: float
-
-    @classmethod
-    def for_lease(cls, lease_ms: int, statement_ms: int) -> _Timeouts:
-        lease_s = lease_ms / 1000
-        return cls(
-            # libpq counts whole seconds and treats less than 2 as 2.
-            connect_s=int(min(5, max(2, lease_s // 3))),
-            keepalives_idle_s=int(min(10, max(1, lease_s // 3))),
-            keepalives_interval_s=int(min(5, max(1, lease_s // 6))),
-            keepalives_count=3,
-            tcp_user_timeout_ms=int(min(15_000, max(1_000, lease_ms // 2))),
-            # A frozen server cannot enforce its statement_timeout: the client bounds each
-            # transaction too, by the lease and never below one statement's limit + 1 s
-            # unless the lease is shorter.
-            transaction_s=max(1.0, min(statement_ms / 1000 + 1, lease_s)),
-        )
 
 
 class PostgresBackend(Backend):
@@ -243,7 +207,7 @@ class PostgresBackend(Backend):
         # A lock wait reports itself as such (LockNotAvailable), before the statement limit.
         settings = {"timeout": str(timeout_ms), "statement_timeout": str(2 * timeout_ms)}
         self.transaction_pooling = parse_flag("transaction_pooling", transaction_pooling)
-        self._source = _make_source(connection, settings, self.transaction_pooling)
+        self._source = make_source(connection, settings, self.transaction_pooling)
         self._sql = self._build_sql(has_meta=True)
         #: Claims and lease updates call session functions (False once the role was refused
         #: creating them, or they kept vanishing).
@@ -354,7 +318,7 @@ class PostgresBackend(Backend):
         0 for a connection or pool of yours (its own settings apply).
         """
         source = self._source
-        return source.connect_bound_s if isinstance(source, _OwnedConnection) else 0.0
+        return source.connect_bound_s if isinstance(source, OwnedConnection) else 0.0
 
     def tune_timeouts(self, lease_ms: int) -> None:
         """Fit anarchon's own connection to ``lease_ms`` (the shortest lease wins).
@@ -366,7 +330,7 @@ class PostgresBackend(Backend):
         the lease (at most ``2 * timeout_ms + 1 s``). Values in the conninfo win. A
         connection or pool of yours is left as it is. Applies from the next connection.
         """
-        if isinstance(self._source, _OwnedConnection):
+        if isinstance(self._source, OwnedConnection):
             self._source.tune(lease_ms)
 
     async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
@@ -502,7 +466,7 @@ class PostgresBackend(Backend):
         try:
             return await self._run(work, what=what)
         except StoreUnavailable as exc:
-            if isinstance(exc.__cause__, _FunctionVanished):
+            if isinstance(exc.__cause__, FunctionVanished):
                 self._vanished += 1
                 if self._vanished >= MAX_VANISHED and self._functions:
                     self._functions = False
@@ -622,16 +586,6 @@ class PostgresBackend(Backend):
         return await self._run(lambda: control_read_steps(prefix), what="control read")
 
 
-# Set once per session on anarchon's own connection, per transaction on a user's: a frozen
-# client cannot hold a job's lock for long, and a waiter gives up (and retries) instead of
-# hanging.
-_SETTINGS = (
-    "SELECT set_config('lock_timeout', %(timeout)s, {scope}), "
-    "set_config('statement_timeout', %(statement_timeout)s, {scope}), "
-    "set_config('idle_in_transaction_session_timeout', %(timeout)s, {scope})"
-)
-
-
 def _strip_params(url: str, names: tuple[str, ...]) -> str:
     """Remove the query parameters ``names`` from ``url``, leaving the others byte for byte.
 
@@ -644,577 +598,3 @@ def _strip_params(url: str, names: tuple[str, ...]) -> str:
     return f"{base}?{'&'.join(kept)}" if kept else base
 
 
-# -- where connections come from ------------------------------------------------------
-
-
-def _lost(error: psycopg.Error, conn: psycopg.BaseConnection[Any]) -> psycopg.Error:
-    """``error``, or an OperationalError if it left the connection broken.
-
-    A server-side termination can surface as another class (the idle-in-transaction
-    timeout is an InternalError) with the connection gone: that is transient too.
-    """
-    if isinstance(error, psycopg.OperationalError) or not (conn.broken or conn.closed):
-        return error
-    lost = psycopg.OperationalError(f"the connection was lost: {error}")
-    lost.__cause__ = error
-    return lost
-
-
-class _Source(Protocol):
-    #: How many transactions it runs at once (connections it can use side by side).
-    parallel: int
-
-    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T: ...
-
-    async def close(self) -> None: ...
-
-    def describe(self) -> str: ...
-
-
-def _check_idle(conn: psycopg.BaseConnection[Any]) -> None:
-    if conn.closed:
-        raise psycopg.OperationalError("the connection given to PostgresBackend is closed")
-    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
-        raise StoreError(
-            "the psycopg connection given to PostgresBackend is inside a transaction: "
-            "anarchon's claims would only be savepoints of it. Give anarchon a connection "
-            "of its own (or a pool), in autocommit mode or idle between uses."
-        )
-
-
-def _as_list(item: Step | list[Step]) -> list[Step]:
-    return item if isinstance(item, list) else [item]
-
-
-def _too_many() -> RuntimeError:
-    return RuntimeError(f"a transaction yielded more than {MAX_YIELDS} times")
-
-
-# How a transaction goes out: each item the steps yield (one statement, or a list of
-# statements that need no result of each other) is ONE simple-protocol Query message,
-# its parameters bound on the client: one round trip, with ``BEGIN`` in the first message
-# and ``COMMIT`` in the one carrying the Last steps. The server has read the whole message
-# before it runs any of it, and it sits "idle in transaction" (its timeout armed) between
-# messages, so a client frozen halfway can never hold a job's lock past that timeout. (In
-# pipeline mode it could: the server arms that timeout only at a Sync, and psycopg writes
-# each pipelined statement out as it is queued.) A transaction that is one message on an
-# autocommit connection of anarchon's own needs neither ``BEGIN`` nor ``COMMIT`` (one
-# message is one transaction); if it is one statement, its parameters are bound by the
-# server instead, so psycopg prepares it once it has been run a few times.
-
-
-#: Binds parameters into a statement's text on the client (a client cursor's ``mogrify``).
-_Bind = Callable[[str, dict[str, Any]], str]
-
-
-def _message(bind: _Bind, queries: dict[str, str], head: list[str], steps: list[Step],
-             commit: bool) -> str:
-    """The statements of one round trip as one text (values bound as literals)."""
-    parts = [*head, *(bind(queries[step.query], step.params) for step in steps)]
-    if commit:
-        parts.append("COMMIT")
-    return ";\n".join(parts)
-
-
-def _head(conn: psycopg.BaseConnection[Any], settings: dict[str, str] | None,
-          bind: _Bind) -> list[str]:
-    """The statements the first message starts with.
-
-    ``BEGIN`` (unless the connection is not in autocommit mode: psycopg begins then), and
-    the transaction's timeouts when given.
-    """
-    head = ["BEGIN"] if conn.autocommit else []
-    if settings is not None:
-        head.append(bind(_SETTINGS.format(scope="true"), settings))
-    return head
-
-
-@dataclass(frozen=True)
-class _Send:
-    """One message of a transaction: its text, and what to keep of each statement's result.
-
-    ``keep`` holds, per statement, None (nothing: ``BEGIN`` and the timeouts), True (its
-    rows) or False (its row count).
-    """
-
-    text: str
-    keep: list[bool | None]
-    #: The parameters of a lone statement (``text`` has their placeholders), bound by the
-    #: server; None: ``text`` is complete.
-    params: dict[str, Any] | None = None
-
-
-def _messages(bind: _Bind, queries: dict[str, str], steps: Steps[T], head: list[str],
-              session: _SessionFunctions) -> Generator[_Send, list[Any], T]:
-    """The messages of ``steps``' transaction; each is sent back the replies it kept.
-
-    No I/O here: :func:`_drive_async` and :func:`_drive_sync` send each message and read
-    its results, so both drivers run the same transaction. The value is the steps' result,
-    returned once the message carrying ``COMMIT`` has been answered.
-
-    A transaction that is one message on an autocommit connection goes without ``BEGIN``
-    and ``COMMIT``: the statements of one Query message are one transaction already.
-    """
-    reply: Any = None
-    for _ in range(MAX_YIELDS):
-        try:
-            item = steps.send(reply)
-        except StopIteration as done:
-            yield _Send(_message(bind, queries, head, [], commit=True), [])
-            result: T = done.value
-            return result
-        batch, last = _as_list(item), isinstance(item, Last)
-        commit = last
-        if last and head == ["BEGIN"]:
-            head, commit = [], False
-        head = [*head, *session.prelude(queries, batch)]
-        replies: list[Any] = []
-        if not head and not commit and len(batch) == 1:
-            # One statement alone: bound by the server, so the driver may prepare it.
-            replies = yield _Send(queries[batch[0].query], [batch[0].rows], batch[0].params)
-        elif text := _message(bind, queries, head, batch, commit=commit):
-            replies = yield _Send(text, [None] * len(head) + [step.rows for step in batch])
-        head = []
-        reply = replies if isinstance(item, list) else replies[0]
-        if last:
-            return _finish_steps(steps, replies)
-    raise _too_many()
-
-
-class _FunctionVanished(psycopg.OperationalError):
-    """A session function was gone: created again by the next call (transient)."""
-
-
-#: The session functions (``pg_temp``) each connection has created, by their ``CREATE``.
-_CREATED: weakref.WeakKeyDictionary[psycopg.BaseConnection[Any], set[str]] = \
-    weakref.WeakKeyDictionary()
-
-
-class _SessionFunctions:
-    """The session functions one transaction calls: created first where still missing.
-
-    A step whose query ``q`` has a ``"create:q"`` companion calls a ``pg_temp`` function;
-    the first message that calls it on a connection creates it first. It counts as created
-    once the transaction committed (a rolled-back ``CREATE`` is gone again).
-    """
-
-    def __init__(self, conn: psycopg.BaseConnection[Any]) -> None:
-        self.made = _CREATED.setdefault(conn, set())
-        self.new: list[str] = []
-        self.used = False
-
-    def prelude(self, queries: dict[str, str], steps: list[Step]) -> list[str]:
-        """The ``CREATE`` statements ``steps`` need before them on this connection."""
-        out = []
-        for step in steps:
-            create = queries.get("create:" + step.query)
-            if create is None:
-                continue
-            self.used = True
-            if create not in self.made and create not in self.new:
-                self.new.append(create)
-                out.append(create)
-        return out
-
-    def committed(self) -> None:
-        self.made.update(self.new)
-
-    def lost(self, exc: psycopg.Error) -> psycopg.Error:
-        """``exc``, or a transient error when a session function had vanished.
-
-        A pool's reset (``DISCARD ALL``) drops ``pg_temp``: the function is created again
-        by the next call, which the scheduler makes as for any dropped connection.
-        """
-        if not (self.used and isinstance(exc, psycopg.errors.UndefinedFunction)):
-            return exc
-        self.made.clear()
-        lost = _FunctionVanished(
-            f"a session function of anarchon was dropped (a reset of the session?): {exc}; "
-            "it is created again on the next call")
-        lost.__cause__ = exc
-        return lost
-
-
-def _walk_results(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any],
-                  keep: list[bool | None]) -> Generator[bool, Any, list[Any]]:
-    """Walk the results of one message: yields where rows must be fetched, and is sent them.
-
-    Fetching is the one call that differs between the two drivers (awaited or not).
-    """
-    replies: list[Any] = []
-    for i, rows in enumerate(keep):
-        if i and not cur.nextset():
-            raise psycopg.InterfaceError("fewer results than statements")
-        if rows is not None:
-            replies.append((yield True) if rows else cur.rowcount)
-    return replies
-
-
-async def _drive_async(conn: psycopg.AsyncConnection[Any], queries: dict[str, str],
-                       steps: Steps[T], settings: dict[str, str] | None) -> T:
-    """Run ``steps`` in one transaction; return only once the COMMIT has succeeded.
-
-    One round trip per item the steps yield (see above). ``settings``: the timeouts to set
-    for this transaction (None: the session has them).
-    """
-    _check_idle(conn)
-    client: psycopg.AsyncClientCursor[Any] | None = None
-
-    def bind(query: str, params: dict[str, Any]) -> str:
-        nonlocal client
-        client = client or psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
-        return client.mogrify(query, params)
-
-    session = _SessionFunctions(conn)
-    messages = _messages(bind, queries, steps, _head(conn, settings, bind), session)
-    bound: psycopg.AsyncCursor[Any] | None = None
-    try:
-        send = next(messages)
-        while True:
-            if send.params is None:
-                client = client or psycopg.AsyncClientCursor(conn, row_factory=tuple_row)
-                used: psycopg.AsyncCursor[Any] = client
-                await used.execute(send.text)
-            else:
-                used = bound = bound or conn.cursor(row_factory=tuple_row)
-                await bound.execute(send.text, send.params)
-            walk = _walk_results(used, send.keep)
-            try:
-                walk.send(None)
-                while True:
-                    walk.send(await used.fetchall())
-            except StopIteration as read:
-                send = messages.send(read.value)
-    except StopIteration as done:
-        session.committed()
-        result: T = done.value
-        return result
-    except BaseException as exc:
-        await _rollback_async(conn)
-        if isinstance(exc, psycopg.Error) and (lost := _lost(session.lost(exc), conn)) \
-                is not exc:
-            raise lost from exc
-        raise
-
-
-async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    """End a failed transaction, if the connection still holds one (never raises)."""
-    if conn.broken or conn.closed or \
-            conn.info.transaction_status not in (TransactionStatus.INTRANS,
-                                                 TransactionStatus.INERROR):
-        return
-    try:
-        await conn.rollback()
-    except psycopg.Error as exc:
-        logger.debug("rollback after a failed transaction failed: %s", exc)
-
-
-def _drive_sync(conn: psycopg.Connection[Any], queries: dict[str, str],
-                steps: Steps[T], settings: dict[str, str]) -> T:
-    """The blocking twin of :func:`_drive_async`, for a user's synchronous connection."""
-    _check_idle(conn)
-    client: psycopg.ClientCursor[Any] | None = None
-
-    def bind(query: str, params: dict[str, Any]) -> str:
-        nonlocal client
-        client = client or psycopg.ClientCursor(conn, row_factory=tuple_row)
-        return client.mogrify(query, params)
-
-    session = _SessionFunctions(conn)
-    messages = _messages(bind, queries, steps, _head(conn, settings, bind), session)
-    bound: psycopg.Cursor[Any] | None = None
-    try:
-        send = next(messages)
-        while True:
-            if send.params is None:
-                client = client or psycopg.ClientCursor(conn, row_factory=tuple_row)
-                used: psycopg.Cursor[Any] = client
-                used.execute(send.text)
-            else:
-                used = bound = bound or conn.cursor(row_factory=tuple_row)
-                bound.execute(send.text, send.params)
-            walk = _walk_results(used, send.keep)
-            try:
-                walk.send(None)
-                while True:
-                    walk.send(used.fetchall())
-            except StopIteration as read:
-                send = messages.send(read.value)
-    except StopIteration as done:
-        session.committed()
-        result: T = done.value
-        return result
-    except BaseException as exc:
-        _rollback_sync(conn)
-        if isinstance(exc, psycopg.Error) and (lost := _lost(session.lost(exc), conn)) \
-                is not exc:
-            raise lost from exc
-        raise
-
-
-def _rollback_sync(conn: psycopg.Connection[Any]) -> None:
-    """The blocking twin of :func:`_rollback_async`."""
-    if conn.broken or conn.closed or \
-            conn.info.transaction_status not in (TransactionStatus.INTRANS,
-                                                 TransactionStatus.INERROR):
-        return
-    try:
-        conn.rollback()
-    except psycopg.Error as exc:
-        logger.debug("rollback after a failed transaction failed: %s", exc)
-
-
-def _finish_steps(steps: Steps[T], replies: list[Any]) -> T:
-    """Hand the replies of the :class:`Last` steps back; the generator must end there."""
-    try:
-        steps.send(replies)
-    except StopIteration as done:
-        result: T = done.value
-        return result
-    raise RuntimeError("a transaction yielded steps after its Last ones")
-
-
-async def _within(work: Awaitable[T], seconds: float) -> T:
-    """``work``, cancelled after ``seconds`` (TimeoutError); no task of its own."""
-    async with asyncio.timeout(seconds):
-        return await work
-
-
-#: Connections anarchon opens itself per backend: claims of different jobs due at one
-#: instant go out in parallel instead of queueing behind one connection.
-OWN_CONNECTIONS = 4
-
-
-class _Slot:
-    """One of anarchon's own connections, used by one transaction at a time."""
-
-    def __init__(self) -> None:
-        self.conn: psycopg.AsyncConnection[Any] | None = None
-        self.lock = asyncio.Lock()
-
-
-class _OwnedConnection:
-    """anarchon's own connections from a conninfo: opened as work asks, reopened after a drop.
-
-    Up to :data:`OWN_CONNECTIONS` of them, each used by one transaction at a time.
-    """
-
-    parallel = OWN_CONNECTIONS
-
-    def __init__(self, conninfo: str, settings: dict[str, str], pooled: bool = False) -> None:
-        params = check_postgres_conninfo(conninfo, conninfo_to_dict)
-        self.conninfo = conninfo
-        self.settings = settings
-        #: Behind a transaction-pooling proxy: nothing kept in the server session.
-        self.pooled = pooled
-        self.given = params
-        self.lease_ms: int | None = None
-        self.extra: dict[str, Any] = {}
-        self.timeouts = _Timeouts.for_lease(_DEFAULT_LEASE_MS, 0)
-        self.tune(_DEFAULT_LEASE_MS)
-        self.lease_ms = None
-        self.slots = [_Slot() for _ in range(OWN_CONNECTIONS)]
-        self._turn = 0
-
-    def tune(self, lease_ms: int) -> None:
-        """Fit the timeouts to ``lease_ms`` (the shortest lease asked for wins)."""
-        self.lease_ms = lease_ms if self.lease_ms is None else min(self.lease_ms, lease_ms)
-        t = self.timeouts = _Timeouts.for_lease(self.lease_ms,
-                                                int(self.settings["statement_timeout"]))
-        wanted: dict[str, Any] = {
-            "autocommit": True, "application_name": "anarchon",
-            "connect_timeout": t.connect_s, "keepalives": 1,
-            "keepalives_idle": t.keepalives_idle_s,
-            "keepalives_interval": t.keepalives_interval_s,
-            "keepalives_count": t.keepalives_count,
-            "tcp_user_timeout": t.tcp_user_timeout_ms,
-        }
-        self.extra = {k: v for k, v in wanted.items() if k == "autocommit" or k not in self.given}
-        if self.pooled:
-            self.extra["prepare_threshold"] = None
-
-    @property
-    def connect_bound_s(self) -> float:
-        """The whole connect (every address libpq tries, the session settings) ends by this."""
-        given = self.given.get("connect_timeout")
-        try:
-            seconds = max(2, int(given)) if given is not None else self.timeouts.connect_s
-        except ValueError:
-            seconds = self.timeouts.connect_s
-        return float(seconds + 1)
-
-    def describe(self) -> str:
-        return repr(_mask_conninfo(self.conninfo)) if self.conninfo else "'' (libpq defaults)"
-
-    async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        async def connect() -> psycopg.AsyncConnection[Any]:
-            conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.extra)
-            if self.pooled:
-                return conn
-            try:
-                await conn.execute(_SETTINGS.format(scope="false"), self.settings)
-            except BaseException:
-                await conn.close()
-                raise
-            return conn
-
-        bound = self.connect_bound_s
-        try:
-            # libpq's connect_timeout applies per address and attempt; this bounds it all,
-            # including a server that accepts the connection and never answers.
-            conn = await asyncio.wait_for(connect(), bound)
-        except TimeoutError:
-            raise psycopg.OperationalError(
-                f"no answer from the server within {bound:g} s (connect)") from None
-        logger.debug("connected to %s", self.describe())
-        return conn
-
-    def _pick(self) -> _Slot:
-        # An idle open connection first, then one to open, then the next in turn.
-        idle = [s for s in self.slots if not s.lock.locked()]
-        for slot in idle:
-            if slot.conn is not None and not slot.conn.closed:
-                return slot
-        if idle:
-            return idle[0]
-        self._turn = (self._turn + 1) % len(self.slots)
-        return self.slots[self._turn]
-
-    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
-        slot = self._pick()
-        async with slot.lock:
-            if slot.conn is None or slot.conn.closed:
-                slot.conn = await self._connect()
-            conn = slot.conn
-            try:
-                limit = self.timeouts.transaction_s
-                try:
-                    settings = self.settings if self.pooled else None
-                    return await _within(_drive_async(conn, queries, steps, settings), limit)
-                except TimeoutError:
-                    raise psycopg.OperationalError(
-                        f"no answer from the server within {limit:g} s") from None
-            except BaseException:
-                # Dropped, or interrupted mid-transaction (cancelled): start afresh.
-                if conn.broken or conn.closed or \
-                        conn.info.transaction_status != TransactionStatus.IDLE:
-                    slot.conn = None
-                    await conn.close()
-                raise
-
-    async def close(self) -> None:
-        for slot in self.slots:
-            async with slot.lock:
-                conn, slot.conn = slot.conn, None
-                if conn is not None:
-                    await conn.close()
-
-
-class _UserAsyncConnection:
-    parallel = 1
-
-    def __init__(self, conn: psycopg.AsyncConnection[Any], settings: dict[str, str]) -> None:
-        self.conn = conn
-        self.settings = settings
-        self.lock = asyncio.Lock()
-
-    def describe(self) -> str:
-        return "<psycopg.AsyncConnection>"
-
-    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
-        async with self.lock:
-            return await _drive_async(self.conn, queries, steps, self.settings)
-
-    async def close(self) -> None:
-        return None
-
-
-class _UserAsyncPool:
-    def __init__(self, pool: AsyncConnectionPool[Any], settings: dict[str, str]) -> None:
-        self.pool = pool
-        self.settings = settings
-        self.parallel = max(1, pool.max_size)
-
-    def describe(self) -> str:
-        return "<psycopg_pool.AsyncConnectionPool>"
-
-    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
-        async with self.pool.connection() as conn:  # PoolTimeout is an OperationalError
-            return await _drive_async(conn, queries, steps, self.settings)
-
-    async def close(self) -> None:
-        return None
-
-
-class _UserSyncConnection:
-    parallel = 1
-
-    def __init__(self, conn: psycopg.Connection[Any], settings: dict[str, str]) -> None:
-        self.conn = conn
-        self.settings = settings
-        self.lock = threading.Lock()
-
-    def describe(self) -> str:
-        return "<psycopg.Connection>"
-
-    def _run(self, queries: dict[str, str], steps: Steps[T]) -> T:
-        with self.lock:
-            return _drive_sync(self.conn, queries, steps, self.settings)
-
-    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
-        return await asyncio.to_thread(self._run, queries, steps)
-
-    async def close(self) -> None:
-        return None
-
-
-class _UserSyncPool:
-    def __init__(self, pool: ConnectionPool[Any], settings: dict[str, str]) -> None:
-        self.pool = pool
-        self.settings = settings
-        self.parallel = max(1, pool.max_size)
-
-    def describe(self) -> str:
-        return "<psycopg_pool.ConnectionPool>"
-
-    def _run(self, queries: dict[str, str], steps: Steps[T]) -> T:
-        with self.pool.connection() as conn:  # PoolTimeout is an OperationalError
-            return _drive_sync(conn, queries, steps, self.settings)
-
-    async def run(self, queries: dict[str, str], steps: Steps[T]) -> T:
-        return await asyncio.to_thread(self._run, queries, steps)
-
-    async def close(self) -> None:
-        return None
-
-
-def _make_source(connection: object, settings: dict[str, str], pooled: bool) -> _Source:
-    if connection is None:
-        return _OwnedConnection("", settings, pooled)
-    if isinstance(connection, str):
-        if not connection.strip():
-            raise ConfigError("invalid connection '': expected a PostgreSQL URL or conninfo")
-        return _OwnedConnection(connection, settings, pooled)
-    if isinstance(connection, psycopg.AsyncConnection):
-        return _UserAsyncConnection(connection, settings)
-    if isinstance(connection, psycopg.Connection):
-        return _UserSyncConnection(connection, settings)
-    with contextlib.suppress(ImportError):
-        from psycopg_pool import (  # noqa: PLC0415 - optional: psycopg alone is enough
-            AsyncConnectionPool,
-            ConnectionPool,
-        )
-
-        if isinstance(connection, AsyncConnectionPool):
-            return _UserAsyncPool(connection, settings)
-        if isinstance(connection, ConnectionPool):
-            return _UserSyncPool(connection, settings)
-    raise ConfigError(
-        f"invalid connection {type(connection).__name__}: expected a PostgreSQL URL or "
-        "conninfo string, a psycopg (Async)Connection or a psycopg_pool (Async)ConnectionPool"
-    )
-
-
-def _mask_conninfo(conninfo: str) -> str:
-    """A URL or ``key=value`` conninfo with every credential replaced by ``***``."""
-    return mask_url(conninfo)
