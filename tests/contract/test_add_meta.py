@@ -8,14 +8,20 @@ stores refuse it, saying which stores can.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+import redis
 
-from anarchon_core import ConfigError, ReadOnlyError, UnsupportedStrategyError
+from anarchon_core import ConfigError, ReadOnlyError, StoreUnavailable, UnsupportedStrategyError
 from anarchon_core.backend import Backend
+from anarchon_core.backends.redis import RedisBackend
+from anarchon_core.backends.redis.keys import redis_key
+from anarchon_core.backends.redis.lease import run_score
 from anarchon_core.models import META_MAX_VALUE_CHARS, ClaimOutcome, RunRef
 
-from ..stores import StoreHandle, StoreSpec
+from ..stores import StoreHandle, StoreSpec, unavailable
+from ..stores import redis as redis_store
 from .test_lease_contract import LEASE, ref, req, sleep_past_lease, slot_now
 
 pytestmark = pytest.mark.timeout(60)
@@ -161,3 +167,34 @@ async def test_claim_only_stores_refuse_and_name_the_stores_that_can(
         await claim_backend.add_meta(ended(ref(r, 1)), {"task_status": "SUCCESSFUL"})
     [run] = await claim_backend.history("job")
     assert run.meta == {"own": "1"}
+
+
+async def test_redis_leaves_records_it_cannot_read_alone(namespace: str) -> None:
+    """Foreign members at the run's results score and a hostile meta never stop the merge."""
+    backend = RedisBackend(redis_store.SHARED_URL, prefix=f"{namespace}:")
+    try:
+        await backend.start()
+    except StoreUnavailable as exc:
+        unavailable("Redis (shared)", str(exc))
+    try:
+        slot = await backend.clock_ms()
+        r = req(slot)
+        assert (await backend.claim(r)).won
+        assert await backend.finish(ref(r, 1), "success", meta={"own": "1"})
+        results = redis_key(f"{namespace}:", "results", "job", tagged=True)
+        score = run_score(slot, False)
+        foreign = ["\xff{ not json", json.dumps({"a": "2", "s": "success", "m": "{}"}),
+                   json.dumps({"a": "1", "s": "running"}), "[1, 2]"]
+        with redis.Redis.from_url(redis_store.SHARED_URL) as client:
+            client.zadd(results, dict.fromkeys(foreign, score))
+            assert await backend.add_meta(ended(ref(r, 1)), {"task_status": "SUCCESSFUL"})
+            members = {m.decode(errors="surrogateescape")
+                       for m in client.zrangebyscore(results, score, score)}
+            state = client.hget(redis_key(f"{namespace}:", "state", "job", tagged=True),
+                                str(slot))
+        [ours] = members - set(foreign)  # the others untouched
+        merged = {"own": "1", "task_status": "SUCCESSFUL"}
+        assert json.loads(json.loads(ours)["m"]) == merged
+        assert json.loads(json.loads(state)["m"]) == merged
+    finally:
+        await backend.stop()
