@@ -33,6 +33,13 @@ running                lease expired, no attempts left           mark ``interrup
                                                                  for good → ``done``
 =====================  ========================================  =====================
 
+A live lease, in the overlap row, ends after the store's clock and no more than
+:data:`MAX_LEASE_AHEAD_MS` after it (the longest ``lease_ms``, one day, plus an hour for a
+clock stepped back). A lease further ahead was never written by anarchon (a corrupt or
+foreign record): the overlap check ignores it and the backend reports that run once, so it
+cannot skip every later slot of its job. :func:`lease_is_live` is the rule; the SQL
+statement, the PostgreSQL function and the Redis script apply the same test.
+
 Heartbeat, finish and release act only while the run is ``running`` with the caller's
 token; any other token is fenced out and the call reports ``False``. Release (hand-over on
 stop) expires the lease at once and notes :data:`HANDED_OVER` as the attempt's error, which
@@ -65,8 +72,10 @@ import enum
 from dataclasses import dataclass
 
 from .models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest
+from .options import MAX_LEASE_MS
 
-__all__ = ["Action", "Decision", "RunState", "decide", "needs_overlap_check", "update_applies"]
+__all__ = ["MAX_LEASE_AHEAD_MS", "Action", "Decision", "RunState", "decide", "lease_is_live",
+           "needs_overlap_check", "update_applies"]
 
 LEASE_EXPIRED = "lease expired: the runner stopped heartbeating"
 GAVE_UP = "lease expired: the runner stopped heartbeating; max_attempts reached"
@@ -74,6 +83,13 @@ HANDED_OVER = "handed over: the runner was stopping"
 #: How far ahead of the store's clock a first claim may come (an instance's clock error).
 EARLY_TOLERANCE_MS = 1_000
 OVERLAP_SKIP = "overlap: an earlier run of this job still holds a live lease"
+#: How far ahead of the store's clock a lease anarchon wrote can end: the longest
+#: ``lease_ms`` (see :func:`~anarchon_core.options.validate_lease_timings`) plus an hour,
+#: for a store clock stepped back since. A lease further ahead is corrupt.
+MAX_LEASE_AHEAD_MS = MAX_LEASE_MS + 3_600_000
+#: How a backend reports a run whose lease is further ahead than :data:`MAX_LEASE_AHEAD_MS`.
+CORRUPT_LEASE = (f"its lease ends more than {MAX_LEASE_AHEAD_MS} ms after the store's clock, "
+                 "which anarchon never writes; the overlap check ignores it")
 
 
 class Action(str, enum.Enum):
@@ -125,6 +141,15 @@ def update_applies(update: str, status: str, error: str | None, token_matches: b
     return update == "release" or error != HANDED_OVER
 
 
+def lease_is_live(lease_until_ms: int | None, now_ms: int) -> bool:
+    """Whether another run's lease counts for the overlap check (see the module docstring).
+
+    It ends after ``now_ms`` (the store's clock) and at most :data:`MAX_LEASE_AHEAD_MS`
+    after it; a lease further ahead is corrupt and does not count.
+    """
+    return lease_until_ms is not None and now_ms < lease_until_ms <= now_ms + MAX_LEASE_AHEAD_MS
+
+
 def needs_overlap_check(request: ClaimRequest, state: RunState | None) -> bool:
     """Whether :func:`decide` needs to know if another run holds a live lease."""
     return state is None and not request.overlap
@@ -157,7 +182,7 @@ def decide(
     """Apply the lease decision table (see the module docstring).
 
     ``now_ms`` is the store's clock. ``other_live`` tells whether another run of the same
-    job holds a lease that ends after ``now_ms``; it is read only when
+    job holds a live lease (:func:`lease_is_live`); it is read only when
     :func:`needs_overlap_check` says so.
     """
     if state is None:

@@ -24,7 +24,15 @@ from dataclasses import dataclass
 
 from .backend import Backend
 from .backends.common import refuse_write
-from .decision import HANDED_OVER, Action, RunState, decide, needs_overlap_check, update_applies
+from .decision import (
+    HANDED_OVER,
+    Action,
+    RunState,
+    decide,
+    lease_is_live,
+    needs_overlap_check,
+    update_applies,
+)
 from .models import (
     ClaimOutcome,
     ClaimRequest,
@@ -88,7 +96,7 @@ class MemoryBackend(Backend):
             if job != request.job or (slot, manual) == (request.slot, request.manual):
                 continue
             last = attempts[-1]
-            if last.status == "running" and (last.lease_until or 0) > now:
+            if last.status == "running" and lease_is_live(last.lease_until, now):
                 return True
         return False
 

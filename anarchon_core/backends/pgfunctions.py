@@ -35,14 +35,14 @@ from ..backend import Retention
 from ..decision import EARLY_TOLERANCE_MS, GAVE_UP, HANDED_OVER, LEASE_EXPIRED, OVERLAP_SKIP
 from ..models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest, ClaimResult
 from .common import trim_drawn
-from .sqlstore import Last, Step, Steps, Update, corrupt_records
+from .sqlstore import Last, Step, Steps, Update, corrupt_records, report_corrupt_lease
 
 __all__ = ["FUNCTION_VERSION", "claim_call", "claim_call_steps", "claim_function",
            "claim_one_call", "claim_one_function", "function_name", "update_call",
            "update_call_steps", "update_function"]
 
 #: Part of the function's name: a release that changes the function changes it.
-FUNCTION_VERSION = 3
+FUNCTION_VERSION = 4
 #: The statements of :mod:`sqlstore` the function is made of (rendered with ``v_`` names).
 USED_QUERIES = ("lock_job", "lock_jobs", "current", "current_locked", "other_live",
                 "insert_attempt", "end_attempt", "trim", "trim_ttl")
@@ -70,7 +70,8 @@ def claim_function(name: str, q: Mapping[str, str], now: str) -> str:
     """
     return f"""CREATE OR REPLACE FUNCTION pg_temp.{name}(
     p_claims JSON, v_keep_runs BIGINT, v_keep_ms BIGINT, v_ttl_ms BIGINT)
-RETURNS TABLE (o_i INTEGER, o_outcome TEXT, o_attempt INTEGER, o_lease BIGINT, o_stored TEXT)
+RETURNS TABLE (o_i INTEGER, o_outcome TEXT, o_attempt INTEGER, o_lease BIGINT,
+               o_corrupt BIGINT, o_stored TEXT)
 LANGUAGE plpgsql VOLATILE AS $anarchon$
 DECLARE
     r RECORD;
@@ -96,7 +97,7 @@ def claim_one_function(name: str, q: Mapping[str, str], now: str) -> str:
     """``CREATE FUNCTION pg_temp.<name>``: :func:`claim_function` for one claim.
 
     The claim comes as parameters and its answer as one text (``outcome attempt lease
-    stored``, NULLs empty), which the server makes and the client reads cheaper than JSON
+    corrupt stored``, NULLs empty), which the server makes and the client reads cheaper than JSON
     and a row set; the decision is the same text as the batch function's. The job's lock is
     taken alone, as the two-message claim takes the lock of a lone job.
     """
@@ -109,19 +110,19 @@ RETURNS TEXT
 LANGUAGE plpgsql VOLATILE AS $anarchon$
 DECLARE
     v_lock_key TEXT := v_job;
-    o_outcome TEXT; o_attempt INTEGER; o_lease BIGINT; o_stored TEXT;
+    o_outcome TEXT; o_attempt INTEGER; o_lease BIGINT; o_corrupt BIGINT; o_stored TEXT;
     {_DECLARED}
 BEGIN
     PERFORM * FROM ({q['lock_job']}) AS locks;
     {_decision(q, now, "p_")}
-    RETURN format('%s %s %s %s', o_outcome, o_attempt, o_lease, o_stored);
+    RETURN format('%s %s %s %s %s', o_outcome, o_attempt, o_lease, o_corrupt, o_stored);
 END
 $anarchon$"""
 
 
 #: The variables of the decision (beyond the claim's own fields and the answer).
 _DECLARED = """v_attempt INTEGER; v_status TEXT; v_error TEXT; v_lease_until BIGINT;
-    v_finished_at BIGINT; v_now BIGINT; v_live BOOLEAN;
+    v_finished_at BIGINT; v_now BIGINT; v_live BOOLEAN; v_corrupt BIGINT;
     v_keep_after BIGINT; v_ttl_cutoff BIGINT;
     c_attempt INTEGER; c_token TEXT; c_status TEXT; c_lease BIGINT;"""
 
@@ -152,12 +153,15 @@ def _decision(q: Mapping[str, str], now: str, field: str) -> str:
             f"{q['trim_ttl']}; END IF; END IF;")
     skip = "'skipped'"
     return f"""o_outcome := NULL; o_attempt := 0; o_lease := NULL; o_stored := NULL;
+        o_corrupt := NULL;
         -- The run's state, the clock and the overlap check in one statement: a won claim
         -- (the common case) needs all three, and the check costs a lookup when it does not.
-        SELECT * INTO v_now, v_live, c_attempt, c_token, c_status, c_lease
+        -- v_corrupt: the slot of a run whose lease the check ignores (reported by Python).
+        SELECT * INTO v_now, v_live, v_corrupt, c_attempt, c_token, c_status, c_lease
             FROM ({q['other_live']}) AS live LEFT JOIN ({q['current']}) AS cur ON TRUE;
         IF c_attempt IS NULL THEN
             v_live := v_live AND NOT {r}overlap;
+            IF NOT {r}overlap THEN o_corrupt := v_corrupt; END IF;
             IF v_slot > v_now + {EARLY_TOLERANCE_MS} AND v_manual = 0 THEN
                 o_outcome := 'early';
             ELSIF {r}missed IS NOT NULL THEN
@@ -247,8 +251,9 @@ def claim_call_steps(reqs: Sequence[ClaimRequest],
         [req] = reqs
         [[(answer,)]] = yield Last([Step("claim_one_call", {
             **_claim_fields(req), **_retention_params(retention)})])
-        outcome, attempt, lease, stored = answer.split(" ", 3)
-        return [_result(req, (outcome, attempt, lease or None, stored or None))]
+        outcome, attempt, lease, corrupt, stored = answer.split(" ", 4)
+        return [_result(req, (outcome, attempt, lease or None, corrupt or None,
+                              stored or None))]
     if len({req.job for req in reqs}) != len(reqs):
         raise ValueError("a claim batch holds at most one claim per job")
     if not reqs:
@@ -279,7 +284,9 @@ def _retention_params(retention: Retention) -> dict[str, Any]:
 
 def _result(req: ClaimRequest, row: Sequence[Any]) -> ClaimResult:
     """The answer to ``req`` from its row of the function's result."""
-    outcome, attempt, lease, stored = row
+    outcome, attempt, lease, corrupt, stored = row
+    if corrupt is not None:
+        report_corrupt_lease(req.job, int(corrupt))
     if stored is not None and stored not in FINISHED_STATUSES and stored != "running":
         corrupt_records.report("table row", req.job, f"slot {req.slot} attempt {attempt}",
                                f"unknown status {stored!r}; the run is left alone")

@@ -28,7 +28,16 @@ from typing import Any, Generic, TypeVar, Union
 
 from ..backend import Retention
 from ..batching import CallBatcher, rounds
-from ..decision import HANDED_OVER, Action, Decision, RunState, decide, needs_overlap_check
+from ..decision import (
+    CORRUPT_LEASE,
+    HANDED_OVER,
+    MAX_LEASE_AHEAD_MS,
+    Action,
+    Decision,
+    RunState,
+    decide,
+    needs_overlap_check,
+)
 from ..errors import StoreError, StoreUnavailable
 from ..models import (
     FINISHED_STATUSES,
@@ -56,8 +65,8 @@ from .storeerrors import CorruptRecords
 
 __all__ = ["Batched", "Last", "SqlQueries", "Step", "Steps", "Update", "check_format",
            "claim_batch_steps", "claim_steps", "control_read_steps", "control_write_steps",
-           "expired_steps", "job_names_steps", "newest_slots_steps", "rows_to_runs",
-           "run_rounds", "runs_steps", "update_batch_steps"]
+           "expired_steps", "job_names_steps", "newest_slots_steps", "report_corrupt_lease",
+           "rows_to_runs", "run_rounds", "runs_steps", "update_batch_steps"]
 
 log = logging.getLogger("anarchon.sql")
 #: Rows anarchon cannot read are reported once each, then skipped quietly.
@@ -91,13 +100,20 @@ _TEMPLATES: dict[str, str] = {
         SELECT attempt, token, status, lease_until FROM {runs}
         WHERE job = :job AND slot = :slot AND manual = :manual
         ORDER BY attempt DESC LIMIT 1""",
-    # The clock, and whether another run of the job holds a lease ending after that same
-    # reading: one statement, so it needs no earlier result (it can share a round trip).
+    # The clock, whether another run of the job holds a live lease by that same reading
+    # (decision.lease_is_live), and the slot of one whose lease is corrupt (further ahead
+    # than anarchon writes; reported): one statement, so it needs no earlier result (it can
+    # share a round trip).
     "other_live": """
         SELECT c.clock, EXISTS (
             SELECT 1 FROM {runs}
             WHERE job = :job AND status = 'running' AND lease_until > c.clock
-              AND NOT (slot = :slot AND manual = :manual))
+              AND lease_until <= c.clock + """ + str(MAX_LEASE_AHEAD_MS) + """
+              AND NOT (slot = :slot AND manual = :manual)), (
+            SELECT slot FROM {runs}
+            WHERE job = :job AND status = 'running'
+              AND lease_until > c.clock + """ + str(MAX_LEASE_AHEAD_MS) + """
+              AND NOT (slot = :slot AND manual = :manual) LIMIT 1)
         FROM (SELECT {now} AS clock) c""",
     "insert_attempt": """
         INSERT INTO {runs} (job, slot, manual, attempt, token, status, runner,
@@ -306,8 +322,10 @@ def claim_batch_steps(reqs: Sequence[ClaimRequest],
         clock, rows = replies[1 + 2 * i][0], replies[2 + 2 * i]
         now = int(clock[0])
         state = _run_state(req, rows[0]) if rows else None
-        other_live = needs_overlap_check(req, state) and bool(clock[1])
-        decision = decide(req, state, now, other_live)
+        checked = needs_overlap_check(req, state)
+        if checked and clock[2] is not None:
+            report_corrupt_lease(req.job, clock[2])
+        decision = decide(req, state, now, checked and bool(clock[1]))
         writes.extend(_claim_writes(req, decision, now, retention))
         token = req.token if decision.outcome is ClaimOutcome.WON else None
         results.append(ClaimResult(decision.outcome, decision.attempt, token,
@@ -315,6 +333,11 @@ def claim_batch_steps(reqs: Sequence[ClaimRequest],
     if writes:
         yield writes
     return results
+
+
+def report_corrupt_lease(job: str, slot: object) -> None:
+    """Report (once) a running run of ``job`` whose lease the overlap check ignores."""
+    corrupt_records.report("table row", job, f"slot {slot!r} (running)", CORRUPT_LEASE)
 
 
 def _claim_key(req: ClaimRequest) -> dict[str, Any]:

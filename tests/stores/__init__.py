@@ -35,6 +35,9 @@ class StoreHandle:
     extra: Any = None
     #: A read-only backend of a namespace (default: the URL with ``read_only=true``).
     reader: Callable[[str], Backend] | None = None
+    #: Lease stores: ``set_lease(ns, job, slot, lease_until_ms)`` overwrites the lease end of
+    #: the running scheduled run ``(job, slot)`` with the store's own client (corrupt leases).
+    set_lease: Callable[[str, str, int, float], None] | None = None
 
     def read_only(self, ns: str) -> Backend:
         """A backend of ``ns`` opened with ``read_only=True``."""

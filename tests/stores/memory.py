@@ -26,7 +26,10 @@ def _open() -> Iterator[StoreHandle]:
     def reader(ns: str) -> MemoryBackend:
         return shared.setdefault(ns, MemoryBackend()).reader()
 
-    yield StoreHandle(backend=backend, reader=reader)
+    def set_lease(ns: str, job: str, slot: int, lease_until: float) -> None:
+        shared[ns]._runs[(job, slot, False)][-1].lease_until = lease_until
+
+    yield StoreHandle(backend=backend, reader=reader, set_lease=set_lease)
 
 
 STORES = [StoreSpec("memory", leases=True, open=_open, multi_host=False,

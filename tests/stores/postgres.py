@@ -70,8 +70,14 @@ def _open(transaction_pooling: bool = False) -> Iterator[StoreHandle]:
             "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"
         ).format(meta), (value,))
 
+    def set_lease(ns: str, job: str, slot: int, lease_until: float) -> None:
+        conn.execute(sql.SQL(
+            "UPDATE {} SET lease_until = %s WHERE job = %s AND slot = %s AND manual = 0 "
+            "AND status = 'running'").format(sql.Identifier(ns)), (lease_until, job, slot))
+
     try:
-        yield StoreHandle(backend=backend, url=url, set_format=set_format, extra=POSTGRES_URL)
+        yield StoreHandle(backend=backend, url=url, set_format=set_format,
+                          set_lease=set_lease, extra=POSTGRES_URL)
     finally:
         try:
             drop_tables(conn, used)

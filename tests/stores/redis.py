@@ -14,6 +14,7 @@ The helpers :func:`start_server` and :func:`start_cluster` are used by the Redis
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from pathlib import Path
 import redis
 
 from anarchon_core.backends.redis import RedisBackend, ValkeyBackend
+from anarchon_core.backends.redis.keys import redis_key
 from chaos.servers import free_port, valkey_server_binary
 
 from . import StoreHandle, StoreSpec, unavailable
@@ -146,6 +148,17 @@ def _set_format(url: str, key: str, value: str, *, cluster: bool = False) -> Non
         client.set(key, value)
 
 
+def _set_lease(url: str, prefix: str, job: str, slot: int, lease_until: float, *,
+               cluster: bool = False) -> None:
+    """Overwrite the lease end (``l``) of the state of run ``(job, slot)``."""
+    client: redis.Redis | redis.RedisCluster = (
+        redis.RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url))
+    key = redis_key(prefix, "state", job, tagged=True)
+    with client:
+        state = json.loads(client.hget(key, str(slot)))
+        client.hset(key, str(slot), json.dumps({**state, "l": lease_until}))
+
+
 def _shared_reachable() -> str | None:
     try:
         with redis.Redis.from_url(SHARED_URL, socket_timeout=2) as client:
@@ -164,6 +177,7 @@ def _open_shared(strategy: str) -> Iterator[StoreHandle]:
         backend=lambda ns: RedisBackend(SHARED_URL, strategy=strategy, prefix=f"{ns}:"),
         url=lambda ns: f"{SHARED_URL}?prefix={ns}:&strategy={strategy}",
         set_format=lambda ns, value: _set_format(SHARED_URL, f"{ns}:format", value),
+        set_lease=lambda ns, *lease: _set_lease(SHARED_URL, f"{ns}:", *lease),
         extra=SHARED_URL,
     )
 
@@ -181,6 +195,7 @@ def _open_valkey() -> Iterator[StoreHandle]:
                 backend=lambda ns: ValkeyBackend(server.url, prefix=f"{ns}:"),
                 url=lambda ns: f"valkey://127.0.0.1:{server.port}/0?prefix={ns}:",
                 set_format=lambda ns, value: _set_format(server.url, f"{ns}:format", value),
+                set_lease=lambda ns, *lease: _set_lease(server.url, f"{ns}:", *lease),
                 extra=server,
             )
         finally:
@@ -203,6 +218,7 @@ def _open_cluster() -> Iterator[StoreHandle]:
                 url=lambda ns: f"{url}?cluster=true&prefix={ns}:",
                 set_format=lambda ns, value: _set_format(url, f"{ns}:format", value,
                                                          cluster=True),
+                set_lease=lambda ns, *lease: _set_lease(url, f"{ns}:", *lease, cluster=True),
                 extra=servers,
             )
         finally:

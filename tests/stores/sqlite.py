@@ -25,10 +25,15 @@ def _open() -> Iterator[StoreHandle]:
                 conn.execute(f'INSERT OR REPLACE INTO "{ns}_meta" VALUES (\'format\', ?)',
                              (value,))
 
+        def set_lease(ns: str, job: str, slot: int, lease_until: float) -> None:
+            with closing(sqlite3.connect(path)) as conn, conn:
+                conn.execute(f'UPDATE "{ns}" SET lease_until = ? WHERE job = ? AND slot = ? '
+                             "AND manual = 0 AND status = 'running'", (lease_until, job, slot))
+
         yield StoreHandle(
             backend=lambda ns: SqliteBackend(path, table=ns),
             url=lambda ns: f"sqlite:///{path}?table={ns}",
-            set_format=set_format,
+            set_format=set_format, set_lease=set_lease,
         )
 
 

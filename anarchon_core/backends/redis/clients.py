@@ -38,7 +38,14 @@ except ImportError:  # pragma: no cover - the [redis] extra installs it
     hiredis = None  # type: ignore[assignment]
 
 from ...batching import CallBatcher
-from ...decision import EARLY_TOLERANCE_MS, GAVE_UP, HANDED_OVER, LEASE_EXPIRED, OVERLAP_SKIP
+from ...decision import (
+    EARLY_TOLERANCE_MS,
+    GAVE_UP,
+    HANDED_OVER,
+    LEASE_EXPIRED,
+    MAX_LEASE_AHEAD_MS,
+    OVERLAP_SKIP,
+)
 from ...errors import ConfigError, StoreError
 from ...url import check_redis_url, mask_url
 from ..storeerrors import STORE, TRANSIENT, Kind, StoreErrors
@@ -120,7 +127,8 @@ def classify(exc: BaseException) -> Kind:
 #: Texts the Lua scripts take from Python (``"@NAME@"`` in a script), so that
 #: :mod:`anarchon_core.decision` stays their one source.
 _LUA_CONSTANTS = {"LEASE_EXPIRED": LEASE_EXPIRED, "GAVE_UP": GAVE_UP, "HANDED_OVER": HANDED_OVER,
-                  "OVERLAP_SKIP": OVERLAP_SKIP, "EARLY_TOLERANCE_MS": str(EARLY_TOLERANCE_MS)}
+                  "OVERLAP_SKIP": OVERLAP_SKIP, "EARLY_TOLERANCE_MS": str(EARLY_TOLERANCE_MS),
+                  "MAX_LEASE_AHEAD_MS": str(MAX_LEASE_AHEAD_MS)}
 
 
 def plain(value: Any) -> Any:

@@ -15,6 +15,7 @@ local LEASE_EXPIRED = "@LEASE_EXPIRED@"
 local GAVE_UP = "@GAVE_UP@"
 local OVERLAP_SKIP = "@OVERLAP_SKIP@"
 local EARLY_TOLERANCE_MS = tonumber("@EARLY_TOLERANCE_MS@")
+local MAX_LEASE_AHEAD_MS = tonumber("@MAX_LEASE_AHEAD_MS@")
 if redis.replicate_commands then redis.replicate_commands() end
 local P = {string.match(ARGV[3],
   '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')}
@@ -144,13 +145,19 @@ if not st then
     return {'late', 1, '', corrupt}
   end
   if P[4] ~= '1' then
+    -- decision.lease_is_live: a lease further ahead of the clock than anarchon writes is
+    -- corrupt, ignored (and reported), never a reason to skip every later slot of the job.
     local function other_live()
       for _, id in ipairs(redis.call('SMEMBERS', active_key)) do
         if id ~= run_id then
           local other = redis.call('HGET', state_key, id)
           if other then
             local o = decode(id, other)
-            if o and o.s == 'running' and o.l and tonumber(o.l) > now then return true end
+            local l = o and o.s == 'running' and tonumber(o.l)
+            if l and l > now then
+              if l <= now + MAX_LEASE_AHEAD_MS then return true end
+              corrupt[#corrupt + 1] = id
+            end
           else
             redis.call('SREM', active_key, id)
           end
