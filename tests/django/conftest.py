@@ -144,6 +144,13 @@ def db_store(request: pytest.FixtureRequest, settings: Any,
     yield from _use(request.param, settings)
 
 
+@pytest.fixture(params=[kind for kind in STORE_IDS if kind not in ("sqlite", "postgres")])
+def url_store(request: pytest.FixtureRequest, settings: Any,
+              anarchon_reset: None) -> Iterator[Store]:
+    """ANARCHON set to each store reached by URL, not through a database alias."""
+    yield from _use(request.param, settings)
+
+
 def typo(store: Store) -> tuple[str, str]:
     """The setting that names ``store``'s namespace, and a value naming none (a typo)."""
     if store.alias is not None:

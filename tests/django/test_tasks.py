@@ -268,9 +268,7 @@ def test_atomic_rolls_back_on_an_error_and_the_run_fails(db_store: Store,
     assert Note.objects.using(alias).filter(job=job_name).count() == 0
 
 
-def test_atomic_needs_the_project_database(store: Store, job_name: str) -> None:
-    if store.alias is not None:
-        pytest.skip("the database stores are covered above")
+def test_atomic_needs_the_project_database(url_store: Store, job_name: str) -> None:
 
     def handler(ctx: JobContext) -> None:
         with anarchon_django.atomic(ctx):
