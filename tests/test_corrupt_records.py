@@ -110,6 +110,27 @@ async def test_redis_unknown_status_is_never_taken_over(
     assert warnings_about(caplog, f"field {slot}") == 1
 
 
+@pytest.mark.parametrize("lease", ["soon", None, ["1"]], ids=["text", "null", "list"])
+async def test_redis_a_running_state_with_a_lease_that_is_no_number_answers_done(
+    redis_lease: RedisBackend, namespace: str, caplog: pytest.LogCaptureFixture,
+    lease: object,
+) -> None:
+    """Its claims answer ``done`` and report it (as SQL does), never a script error."""
+    slot = await redis_lease.clock_ms() - 60_000
+    tag = f"{{{namespace}:job}}"
+    state = {"a": "1", "s": "running", "t": "x", "r": "old", "b": "1", "l": lease}
+    with redis.Redis.from_url(SHARED_URL) as client:
+        client.hset(f"{tag}:state", str(slot), json.dumps(state))
+        client.sadd(f"{tag}:active", str(slot))
+        client.zadd(f"{tag}:slots", {str(slot): slot})
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        for _ in range(3):
+            result = await redis_lease.claim(req(slot))
+            assert result.outcome is ClaimOutcome.DONE, result
+        await assert_jobs_keep_working(redis_lease, slot + 60_000)
+    assert warnings_about(caplog, f"field {slot}") == 1
+
+
 async def test_redis_garbage_history_entries_are_skipped(
     redis_lease: RedisBackend, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:

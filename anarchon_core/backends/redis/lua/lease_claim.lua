@@ -33,7 +33,8 @@ local function decode(id, text)
   local ok, value = pcall(cjson.decode, text)
   if ok and type(value) == 'table' and tonumber(value.a) and
       (value.s == 'running' or value.s == 'success' or value.s == 'failed' or
-       value.s == 'interrupted' or value.s == 'skipped' or value.s == 'missed') then
+       value.s == 'interrupted' or value.s == 'skipped' or value.s == 'missed') and
+      (value.s ~= 'running' or value.l == nil or tonumber(value.l)) then
     return value
   end
   corrupt[#corrupt + 1] = id
