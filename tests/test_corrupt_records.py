@@ -91,16 +91,21 @@ async def test_redis_garbage_in_the_active_set_never_blocks_the_job(
         assert not client.sismember(f"{tag}:active", "garbage"), "a stateless member is dropped"
 
 
+def _write_running_state(tag: str, slot: int, state: dict[str, object]) -> None:
+    """Write ``state`` as slot ``slot``'s state, listed active, as the lease script would."""
+    with redis.Redis.from_url(SHARED_URL) as client:
+        client.hset(f"{tag}:state", str(slot), json.dumps(state))
+        client.sadd(f"{tag}:active", str(slot))
+        client.zadd(f"{tag}:slots", {str(slot): slot})
+
+
 async def test_redis_unknown_status_is_never_taken_over(
     redis_lease: RedisBackend, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     slot = await redis_lease.clock_ms() - 60_000
     tag = f"{{{namespace}:job}}"
     state = {"a": "1", "s": "zombie", "t": "x", "r": "old", "b": "1", "l": "1"}
-    with redis.Redis.from_url(SHARED_URL) as client:
-        client.hset(f"{tag}:state", str(slot), json.dumps(state))
-        client.sadd(f"{tag}:active", str(slot))
-        client.zadd(f"{tag}:slots", {str(slot): slot})
+    _write_running_state(tag, slot, state)
     with caplog.at_level(logging.WARNING, logger="anarchon"):
         for _ in range(3):
             result = await redis_lease.claim(req(slot))
@@ -119,10 +124,7 @@ async def test_redis_a_running_state_with_a_lease_that_is_no_number_answers_done
     slot = await redis_lease.clock_ms() - 60_000
     tag = f"{{{namespace}:job}}"
     state = {"a": "1", "s": "running", "t": "x", "r": "old", "b": "1", "l": lease}
-    with redis.Redis.from_url(SHARED_URL) as client:
-        client.hset(f"{tag}:state", str(slot), json.dumps(state))
-        client.sadd(f"{tag}:active", str(slot))
-        client.zadd(f"{tag}:slots", {str(slot): slot})
+    _write_running_state(tag, slot, state)
     with caplog.at_level(logging.WARNING, logger="anarchon"):
         for _ in range(3):
             result = await redis_lease.claim(req(slot))

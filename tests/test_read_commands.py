@@ -23,6 +23,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import aio_pika
+import nats
 import psycopg
 import pytest
 import redis
@@ -38,6 +40,7 @@ from anarchon_core.errors import StoreNotSetUp
 from .stores import unavailable
 from .stores.postgres import POSTGRES_URL, drop_tables
 from .stores.redis import SHARED_URL as REDIS_URL
+from .stores.redis import Server, start_server
 
 NATS_URL = "nats://127.0.0.1:4222"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -231,48 +234,66 @@ def rds() -> Iterator[redis.Redis]:
         yield client
 
 
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A dedicated server: what the namespace listing finds is this module's alone (the
+    shared server holds every earlier run's prefixes, more than a listing shows)."""
+    server = start_server(tmp_path_factory.mktemp("own-redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_rds(own_redis: Server) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(own_redis.url, socket_timeout=5) as client:
+        yield client
+
+
 def _keys(client: redis.Redis, part: str) -> list[bytes]:
     return list(client.scan_iter(match=f"*{part}*", count=1000))
 
 
 @pytest.mark.parametrize("command", sorted(READS))
-def test_a_wrong_redis_prefix_writes_no_key(rds: redis.Redis, command: str,
+def test_a_wrong_redis_prefix_writes_no_key(own_rds: redis.Redis, own_redis: Server,
+                                             command: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     good = ns()
     try:
-        run(set_up(RedisBackend(REDIS_URL, prefix=f"{good}:")))
-        line = cli(capsys, command, f"{REDIS_URL}?prefix={good}x:")
+        run(set_up(RedisBackend(own_redis.url, prefix=f"{good}:")))
+        line = cli(capsys, command, f"{own_redis.url}?prefix={good}x:")
         assert f"there is no '{good}x:format' key in this database" in line
         assert "or the prefix is wrong" in line
         assert f"prefixes with an anarchon store there: '{good}:'" in line
-        assert _keys(rds, f"{good}x") == []
-        other_db = cli(capsys, command, f"{REDIS_URL[:-1]}1?prefix={good}:")
+        assert _keys(own_rds, f"{good}x") == []
+        other_db = cli(capsys, command, f"{own_redis.url[:-1]}1?prefix={good}:")
         assert f"'{good}:'" not in other_db.partition("there:")[2]
-        assert _keys(rds, good) == [f"{good}:format".encode()]
+        assert _keys(own_rds, good) == [f"{good}:format".encode()]
     finally:
-        for key in _keys(rds, good):
-            rds.delete(key)
+        for key in _keys(own_rds, good):
+            own_rds.delete(key)
 
 
-def test_redis_namespaces_are_the_prefixes_with_a_format_key(rds: redis.Redis) -> None:
+def test_redis_namespaces_are_the_prefixes_with_a_format_key(own_rds: redis.Redis,
+                                                            own_redis: Server) -> None:
     base = ns()
     try:
-        run(set_up(RedisBackend(REDIS_URL, prefix=f"{base}:a:")))
-        rds.set(f"{base}:junk:format", "html")  # some other program's key
-        rds.hset(f"{base}:hash:format", "x", "1")
-        found = run(listed(RedisBackend(REDIS_URL, prefix=f"{base}:b:", read_only=True)))
+        run(set_up(RedisBackend(own_redis.url, prefix=f"{base}:a:")))
+        own_rds.set(f"{base}:junk:format", "html")  # some other program's key
+        own_rds.hset(f"{base}:hash:format", "x", "1")
+        found = run(listed(RedisBackend(own_redis.url, prefix=f"{base}:b:", read_only=True)))
         assert f"{base}:a:" in found
         assert not [p for p in found if p.startswith(f"{base}:") and p != f"{base}:a:"]
     finally:
-        for key in _keys(rds, base):
-            rds.delete(key)
+        for key in _keys(own_rds, base):
+            own_rds.delete(key)
 
 
 # ---------------------------------------------------------------------------- NATS, RabbitMQ
 
 
 def test_a_missing_nats_stream_is_not_created(capsys: pytest.CaptureFixture[str]) -> None:
-    nats = pytest.importorskip("nats")
     stream = f"R{uuid.uuid4().hex[:10].upper()}"
 
     async def exists() -> bool:
@@ -298,7 +319,6 @@ def test_a_missing_nats_stream_is_not_created(capsys: pytest.CaptureFixture[str]
 
 
 def test_a_missing_rabbitmq_prefix_declares_no_queue(capsys: pytest.CaptureFixture[str]) -> None:
-    aio_pika = pytest.importorskip("aio_pika")
     prefix = f"{ns()}."
 
     async def format_queue_exists() -> bool:
