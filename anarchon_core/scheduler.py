@@ -6,9 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import heapq
 import inspect
-import itertools
 import logging
 import os
 import random
@@ -53,6 +51,7 @@ from .storeclock import StoreClock
 from .supervision import LoopGuard
 from .sync import SyncScheduler
 from .threads import DEFAULT_HANDLER_THREADS, HandlerThreads
+from .timers import SlotTimers
 from .url import backend_from_url
 
 __all__ = ["NotClaimed", "Scheduler", "run_forever"]
@@ -60,7 +59,6 @@ __all__ = ["NotClaimed", "Scheduler", "run_forever"]
 log = logging.getLogger("anarchon.scheduler")
 
 H = TypeVar("H", bound=Handler)
-_MAX_SLEEP_S = 30.0          # long waits are cut so clock corrections apply
 #: Runs stay in the store at least this long past max_late_ms/catch_up_ms.
 _KEEP_MARGIN_MS = 60_000
 DEFAULT_STOP_GRACE_MS = 5_000
@@ -70,8 +68,6 @@ _ORPHAN_JOBS_PER_PERIOD = 50
 _ORPHAN_RUNS_PER_JOB = 10
 #: The largest page asked of a store in one read.
 _STORE_PAGE = 1_000
-#: Timers due this soon (ms) fire with the current ones once their slot has come.
-_TIMER_COALESCE_MS = 20
 #: Downtime accounting: most slots recorded ``missed`` per job at start, the margin past a
 #: slot's claim window before it is, and the reasons recorded.
 _MISSED_PER_JOB = 100
@@ -212,10 +208,7 @@ class Scheduler:
         self._stopping = False
         #: One timer for every job: (fire at, store-clock ms; sequence; slot; job name). Only
         #: numbers and a name, so the collector stops tracking them (thousands of jobs).
-        self._timers: list[tuple[float, int, int, str]] = []
-        self._timer_seq = itertools.count()
-        self._timer_wake: asyncio.Event | None = None
-        self._clock_moved = False
+        self._timers = SlotTimers(self._now_ms)
         self._threads: HandlerThreads | None = None
         self._orphan_cursor = 0
         #: The longest a late claim or a catch-up of any job here may ask back (ms).
@@ -226,7 +219,7 @@ class Scheduler:
                                    on_recovered=self._on_store_recovered)
         #: The store's clock: what every slot, lateness and timer is reckoned in.
         self._clock = StoreClock(self.backend, self._health, self._events,
-                                 on_moved=self._on_clock_moved)
+                                 on_moved=self._timers.clock_moved)
         self._fleet = FleetMember(self.backend, self.instance_id, health=self._health,
                                   clock=self._clock, jobs_version=lambda: self._jobs_version,
                                   job_definitions=self._job_definitions,
@@ -469,7 +462,7 @@ class Scheduler:
         self._configure_retention()
         await sharing.acquire(self.backend, self)
         self._loop = loop
-        self._timer_wake = asyncio.Event()
+        self._timers.open()
         await self._clock.refresh()
 
     async def start(self) -> None:
@@ -893,12 +886,6 @@ class Scheduler:
     def _now_ms(self) -> float:
         return self._clock.now_ms()
 
-    def _on_clock_moved(self) -> None:
-        """The store clock's offset moved: the timer recomputes every job's next slot."""
-        if self._timer_wake is not None:
-            self._clock_moved = True
-            self._timer_wake.set()
-
     # ---------------------------------------------------------------- timers and runs
 
     def _supervise(self, name: str,
@@ -931,51 +918,29 @@ class Scheduler:
     def _arm(self, job: _Job, schedule: Schedule, after_ms: int) -> None:
         """Put the job's first slot after ``after_ms`` on the timer, with fresh jitter."""
         slot = schedule.next_after(after_ms)
-        fire_at = slot + random.uniform(0, job.options.jitter_ms)
-        seq = job.generation = next(self._timer_seq)
-        entry = (fire_at, seq, slot, job.name)
-        heapq.heappush(self._timers, entry)
-        if self._timers[0] is entry and self._timer_wake is not None:
-            self._timer_wake.set()
+        job.generation = self._timers.arm(job.name, slot,
+                                          slot + random.uniform(0, job.options.jitter_ms))
 
     async def _timer_loop(self, guard: LoopGuard) -> None:
-        """The one timer: claims each job's slots as they come (a heap, not a task per job).
+        """Claim each job's slots as they come off the one timer (:mod:`.timers`)."""
+        due: list[tuple[_Job, int]] = []
 
-        Slots are computed on the store's clock; when it is re-measured and has moved,
-        every job's next slot is computed again.
-        """
-        wake = self._timer_wake
-        assert wake is not None
-        while not self._stopping:
-            if self._clock_moved:
-                self._clock_moved = False
-                self._rearm_all()
-            now = self._now_ms()
-            timers = self._timers
-            # Timers due within a few ms go now if their slot has come (their jitter is
-            # random anyway): fewer wake-ups, and their claims share round trips.
-            soon = now + _TIMER_COALESCE_MS
-            due: list[tuple[_Job, int]] = []
-            while timers and (timers[0][0] <= now or (timers[0][0] <= soon
-                                                      and timers[0][2] <= now)):
-                _, seq, slot, name = heapq.heappop(timers)
-                job = self._jobs.get(name)
-                if job is None or job.generation != seq:
-                    continue  # removed or re-armed since
-                assert job.schedule is not None
-                due.append((job, slot))
-                with guard.item(f"job {name!r}"):
-                    # A wake-up late by up to the job's jitter still claims its next slot.
-                    self._arm(job, job.schedule, max(slot, round(now) - job.options.jitter_ms))
-            if due:
-                self._spawn(self._claim_due(due))
-            wait_s = min((timers[0][0] - now) / 1000, _MAX_SLEEP_S) if timers else _MAX_SLEEP_S
-            wake.clear()
-            alarm = asyncio.get_running_loop().call_later(max(0.0, wait_s), wake.set)
-            try:
-                await wake.wait()
-            finally:
-                alarm.cancel()
+        def fire(name: str, seq: int, slot: int, now: float) -> bool:
+            job = self._jobs.get(name)
+            if job is None or job.generation != seq or job.schedule is None:
+                return False  # removed or re-armed since
+            due.append((job, slot))
+            # A wake-up late by up to the job's jitter still claims its next slot.
+            self._arm(job, job.schedule, max(slot, round(now) - job.options.jitter_ms))
+            return True
+
+        def claim_due() -> None:
+            batch = due.copy()
+            due.clear()
+            self._spawn(self._claim_due(batch))
+
+        await self._timers.run(guard, stopping=lambda: self._stopping, fire=fire,
+                               due=claim_due, rearm_all=self._rearm_all)
 
     def _rearm_all(self) -> None:
         now = round(self._now_ms())
