@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import inspect
 import logging
 import os
@@ -23,6 +22,7 @@ from . import sharing
 from .backend import Backend, Retention, new_token
 from .claim import ClaimHandle, LeaseTimings, retry_delay
 from .decision import EARLY_TOLERANCE_MS, OVERLAP_SKIP, late_error
+from .downtime import MISSED_STORE, MissedSlots
 from .durations import Duration
 from .errors import ConfigError, StoreUnavailable
 from .events import EventBus, EventKind, Listener
@@ -30,6 +30,7 @@ from .events import run_fields as _fields
 from .execution import Attempt, Handler
 from .fleet import PAUSED, FleetStatus, JobDefinition, PauseInfo, check_job_name, validate_reason
 from .health import StoreHealth
+from .jobs import RegisteredJob
 from .lifecycle import serve
 from .membership import FleetMember
 from .models import (
@@ -68,40 +69,8 @@ _ORPHAN_JOBS_PER_PERIOD = 50
 _ORPHAN_RUNS_PER_JOB = 10
 #: The largest page asked of a store in one read.
 _STORE_PAGE = 1_000
-#: Downtime accounting: most slots recorded ``missed`` per job at start, the margin past a
-#: slot's claim window before it is, and the reasons recorded.
-_MISSED_PER_JOB = 100
-_MISSED_SCAN_CHUNK = 200
-_MISSED_MARGIN_MS = 1_000
-MISSED_DOWN = ("missed: no instance claimed it in time (every instance was down or could "
-               "not reach the store)")
-MISSED_STORE = "missed: the store was unreachable until it was too late"
 #: How long stop() waits for runs whose handler returned to record their end.
 _RECORD_WAIT_S = 10.0
-
-
-@dataclass
-class _Job:
-    name: str
-    schedule: Schedule | None
-    handler: Handler | None
-    options: JobOptions
-    #: The sequence number of the job's pending timer entry; changed to invalidate it
-    #: (re-armed or stopped).
-    generation: int = 0
-    #: False for ``define()``d jobs: their caller claims their slots, the timer never does.
-    fires: bool = True
-    #: ``define(on_takeover=...)``: given the handle of a run this instance took over.
-    on_takeover: Callable[[ClaimHandle], Any] | None = None
-    #: ``define(schedule_text=...)``: what decides the timing of a job without a schedule.
-    schedule_text: str | None = None
-    #: The (slot, manual) runs this instance watches as a backup; made when first needed
-    #: (thousands of jobs: one object fewer each for the collector to scan).
-    watching: set[tuple[int, bool]] | None = None
-
-    def is_watching(self, key: tuple[int, bool]) -> bool:
-        """Whether this instance already watches that run as a backup."""
-        return self.watching is not None and key in self.watching
 
 
 @dataclass(frozen=True)
@@ -195,7 +164,7 @@ class Scheduler:
                 or stop_grace_ms < 0:
             raise ConfigError(f"invalid stop_grace_ms {stop_grace_ms!r}: expected an int ≥ 0")
         self.stop_grace_ms = stop_grace_ms
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, RegisteredJob] = {}
         self._jobs_lock = threading.RLock()
         self._attempts: set[Attempt] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -220,6 +189,8 @@ class Scheduler:
         #: The store's clock: what every slot, lateness and timer is reckoned in.
         self._clock = StoreClock(self.backend, self._health, self._events,
                                  on_moved=self._timers.clock_moved)
+        self._missed = MissedSlots(self.backend, self._health, self._events,
+                                   now_ms=self._now_ms, request=self._request)
         self._fleet = FleetMember(self.backend, self.instance_id, health=self._health,
                                   clock=self._clock, jobs_version=lambda: self._jobs_version,
                                   job_definitions=self._job_definitions,
@@ -364,7 +335,7 @@ class Scheduler:
             raise ConfigError(f"invalid on_takeover {on_takeover!r} for job {name!r}: not "
                               "callable")
         with self._jobs_lock:
-            self._add(_Job(name, schedule, None, job_options, fires=False,
+            self._add(RegisteredJob(name, schedule, None, job_options, fires=False,
                            on_takeover=on_takeover, schedule_text=schedule_text))
         return self._info(self._jobs[name])
 
@@ -380,12 +351,12 @@ class Scheduler:
         def add(fn: H) -> H:
             if not callable(fn):
                 raise ConfigError(f"invalid handler {fn!r} for job {name!r}: not callable")
-            self._add(_Job(name, schedule, fn, job_options))
+            self._add(RegisteredJob(name, schedule, fn, job_options))
             return fn
 
         return add if handler is None else add(handler)
 
-    def _add(self, job: _Job) -> None:
+    def _add(self, job: RegisteredJob) -> None:
         with self._jobs_lock:
             if job.name in self._jobs:
                 raise ConfigError(
@@ -420,7 +391,7 @@ class Scheduler:
         else:
             loop.call_soon_threadsafe(fn, *args)
 
-    def _info(self, job: _Job) -> JobInfo:
+    def _info(self, job: RegisteredJob) -> JobInfo:
         now = round(self._now_ms())
         schedule = job.schedule
         text = schedule.describe() if schedule else job.schedule_text or "(claimed by its caller)"
@@ -434,7 +405,7 @@ class Scheduler:
             jobs = list(self._jobs.values())
         return [self._info(j) for j in jobs]
 
-    def _configure_retention(self, job: _Job | None = None) -> None:
+    def _configure_retention(self, job: RegisteredJob | None = None) -> None:
         if job is not None:
             o = job.options
             self._keep_ms = max(self._keep_ms, max(o.max_late_ms, o.catch_up_ms) + o.jitter_ms)
@@ -482,7 +453,7 @@ class Scheduler:
             jobs = list(self._jobs.values())
         for job in jobs:
             self._start_job(job)
-        self._supervise("downtime scan", lambda guard: self._account_for_downtime(jobs, guard))
+        self._supervise("downtime scan", lambda guard: self._missed.scan(jobs, guard))
         log.info("scheduler %s started with %d job(s) on %s", self.instance_id,
                  len(jobs), self.backend.describe())
 
@@ -643,7 +614,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- claims
 
-    def _job(self, name: str) -> _Job:
+    def _job(self, name: str) -> RegisteredJob:
         job = self._jobs.get(name)
         if job is None:
             raise ConfigError(f"unknown job {name!r}; registered: {sorted(self._jobs) or 'none'}")
@@ -675,7 +646,7 @@ class Scheduler:
             self._spawn(self._watch(job, slot, manual=False))
         return outcome
 
-    def _request(self, job: _Job, slot: int, *, manual: bool = False,
+    def _request(self, job: RegisteredJob, slot: int, *, manual: bool = False,
                  max_late_ms: int | None = None, token: str | None = None,
                  max_attempts: int | None = None) -> ClaimRequest:
         o = job.options
@@ -733,7 +704,7 @@ class Scheduler:
         left_ms = result.lease_until_ms - self._now_ms()
         return min(sent, time.monotonic() + (left_ms - request.lease_ms) / 1000)
 
-    async def _claim_slot(self, job: _Job, slot: int, *, max_late_ms: int | None = None,
+    async def _claim_slot(self, job: RegisteredJob, slot: int, *, max_late_ms: int | None = None,
                           raise_unavailable: bool = False, request: ClaimRequest | None = None,
                           answer_lost: bool = False) -> ClaimHandle | NotClaimed:
         if request is None:
@@ -863,7 +834,7 @@ class Scheduler:
                 break
         return found
 
-    def _runnable(self, name: str) -> _Job:
+    def _runnable(self, name: str) -> RegisteredJob:
         job = self._job(name)
         if job.handler is None:
             raise ConfigError(f"job {name!r} has no handler here (defined with define()); "
@@ -905,7 +876,7 @@ class Scheduler:
         if not task.cancelled() and task.exception() is not None:
             log.error("scheduler task crashed", exc_info=task.exception())
 
-    def _start_job(self, job: _Job) -> None:
+    def _start_job(self, job: RegisteredJob) -> None:
         if job.handler is None or job.schedule is None or not job.fires:
             return
         if self._jobs.get(job.name) is not job or not self._running or self._stopping:
@@ -915,7 +886,7 @@ class Scheduler:
         if job.options.catch_up_ms and self.backend.supports_leases:
             self._spawn(self._catch_up(job, job.schedule))
 
-    def _arm(self, job: _Job, schedule: Schedule, after_ms: int) -> None:
+    def _arm(self, job: RegisteredJob, schedule: Schedule, after_ms: int) -> None:
         """Put the job's first slot after ``after_ms`` on the timer, with fresh jitter."""
         slot = schedule.next_after(after_ms)
         job.generation = self._timers.arm(job.name, slot,
@@ -923,7 +894,7 @@ class Scheduler:
 
     async def _timer_loop(self, guard: LoopGuard) -> None:
         """Claim each job's slots as they come off the one timer (:mod:`.timers`)."""
-        due: list[tuple[_Job, int]] = []
+        due: list[tuple[RegisteredJob, int]] = []
 
         def fire(name: str, seq: int, slot: int, now: float) -> bool:
             job = self._jobs.get(name)
@@ -952,83 +923,20 @@ class Scheduler:
                 job.generation += 1
                 self._arm(job, job.schedule, now)
 
-    async def _account_for_downtime(self, jobs: list[_Job], guard: LoopGuard) -> None:
-        """On start: record ``missed`` the slots of these jobs that no instance claimed.
-
-        A slot after the job's newest record in the store and before now was due while
-        no instance could claim it (every instance down, or the store unreachable). Each
-        is recorded once, by whichever instance's request comes first, but only once its
-        claim window (``max_late_ms``/``catch_up_ms`` + jitter) has closed, so a live
-        instance still claiming it, or a catch-up, always comes first.
-        """
-        firing = [j for j in jobs if j.fires and j.schedule is not None and j.handler]
-        for first in range(0, len(firing), _MISSED_SCAN_CHUNK):
-            if first:
-                await asyncio.sleep(1.0)  # thousands of jobs: a gentle background scan
-            chunk = firing[first:first + _MISSED_SCAN_CHUNK]
-            with guard.item(f"jobs {chunk[0].name!r} to {chunk[-1].name!r}"):
-                if not await self._account_for_chunk(chunk, guard):
-                    return
-
-    async def _account_for_chunk(self, chunk: list[_Job], guard: LoopGuard) -> bool:
-        """The downtime scan of some jobs; False if the store is unreachable (scan ends)."""
-        now = round(self._now_ms())
-        try:
-            newest = await self.backend.newest_slots([j.name for j in chunk])
-        except StoreUnavailable as exc:
-            log.debug("downtime accounting skipped: %s", exc)
-            return False
-        pending: list[tuple[_Job, int]] = []
-        for job in chunk:
-            last = newest.get(job.name)
-            if last is not None and job.schedule is not None:
-                with guard.item(f"job {job.name!r}"):
-                    pending += [(job, slot) for slot in _slots_between(
-                        job.schedule, last, now, _MISSED_PER_JOB)]
-        if pending:
-            closes = max(slot + max(j.options.max_late_ms, j.options.catch_up_ms)
-                         + j.options.jitter_ms for j, slot in pending) + _MISSED_MARGIN_MS
-            await asyncio.sleep(max(0.0, closes - self._now_ms()) / 1000)
-            await self._record_missed(pending, MISSED_DOWN)
-        return True
-
     def _on_store_recovered(self, slots: list[tuple[str, int]]) -> None:
         with self._jobs_lock:
             pending = [(self._jobs[name], slot) for name, slot in slots if name in self._jobs]
         if pending and self._running and not self._stopping:
-            self._spawn(self._record_missed(pending, MISSED_STORE))
+            self._spawn(self._missed.record(pending, MISSED_STORE))
 
-    async def _record_missed(self, pending: list[tuple[_Job, int]], reason: str) -> None:
-        """Send a ``missed`` request for each slot; the first request per slot records it."""
-        recorded: dict[str, int] = {}
-        for start in range(0, len(pending), _STORE_PAGE):
-            part = pending[start:start + _STORE_PAGE]
-            requests = [dataclasses.replace(self._request(job, slot), missed=reason)
-                        for job, slot in part]
-            sent = time.monotonic()
-            results = await self.backend.claim_many(requests)
-            failed = [r for r in results if isinstance(r, BaseException)]
-            if failed:
-                self._health.failed("claim", failed[0], sent)
-            for request, result in zip(requests, results, strict=True):
-                if isinstance(result, ClaimResult) and result.outcome is ClaimOutcome.LATE:
-                    recorded[request.job] = recorded.get(request.job, 0) + 1
-                    self._events.emit(EventKind.MISSED, job=request.job, slot=request.slot,
-                                      attempt=1, outcome="missed", reason=reason)
-        if recorded:
-            jobs = ", ".join(f"{name} ×{n}" for name, n in sorted(recorded.items())[:5])
-            more = f" and {len(recorded) - 5} more job(s)" if len(recorded) > 5 else ""
-            log.warning("recorded %d slot(s) as missed (%s): %s%s", sum(recorded.values()),
-                        reason, jobs, more)
-
-    async def _catch_up(self, job: _Job, schedule: Schedule) -> None:
+    async def _catch_up(self, job: RegisteredJob, schedule: Schedule) -> None:
         now = self._now_ms()
         slot = schedule.latest_at_or_before(round(now))
         if now - slot <= job.options.catch_up_ms:
             log.info("%s: catching up slot %s", job.name, slot)
             await self._claim_and_handle(job, slot, max_late_ms=job.options.catch_up_ms)
 
-    async def _claim_due(self, due: list[tuple[_Job, int]]) -> None:
+    async def _claim_due(self, due: list[tuple[RegisteredJob, int]]) -> None:
         """Claim the slots the timer found due together, in one call of the store.
 
         Each claim is still its own request and decision; one that failed (or came early
@@ -1060,7 +968,7 @@ class Scheduler:
                 self._on_not_claimed(job, slot, NotClaimed(
                     job.name, slot, result.outcome, _reason(request, result, self._now_ms())))
 
-    def _on_not_claimed(self, job: _Job, slot: int, outcome: NotClaimed) -> None:
+    def _on_not_claimed(self, job: RegisteredJob, slot: int, outcome: NotClaimed) -> None:
         if outcome.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
             self._spawn(self._watch(job, slot, manual=False))
         elif outcome.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
@@ -1072,21 +980,22 @@ class Scheduler:
         else:
             log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
 
-    async def _claim_and_handle(self, job: _Job, slot: int, max_late_ms: int | None = None,
+    async def _claim_and_handle(self, job: RegisteredJob, slot: int, max_late_ms: int | None = None,
                                 request: ClaimRequest | None = None,
                                 answer_lost: bool = False) -> None:
         outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request,
                                          answer_lost=answer_lost)
         await self._go_on(job, slot, outcome)
 
-    async def _go_on(self, job: _Job, slot: int, outcome: ClaimHandle | NotClaimed) -> None:
+    async def _go_on(self, job: RegisteredJob, slot: int,
+                     outcome: ClaimHandle | NotClaimed) -> None:
         """After :meth:`_after_won` or a lost claim: run the handle, or watch or log."""
         if isinstance(outcome, ClaimHandle):
             await self._run_handle(job, outcome)
         elif not self._stopping:
             self._on_not_claimed(job, slot, outcome)
 
-    async def _watch(self, job: _Job, slot: int, *, manual: bool) -> None:
+    async def _watch(self, job: RegisteredJob, slot: int, *, manual: bool) -> None:
         """Be a backup: re-claim every 1–2 heartbeats until the run ends or we take over.
 
         One token for the whole watch: a takeover that the store committed but whose
@@ -1175,7 +1084,7 @@ class Scheduler:
                             break
             await asyncio.sleep(period * random.uniform(0.75, 1.25))
 
-    async def _scan_orphans(self, job: _Job) -> bool:
+    async def _scan_orphans(self, job: RegisteredJob) -> bool:
         """Recover the expired runs of one job; False if the store is unreachable."""
         try:
             expired = await self._health.timed(
@@ -1188,10 +1097,10 @@ class Scheduler:
                 self._spawn(self._recover(job, run))
         return True
 
-    def _orphan_window_ms(self, job: _Job) -> int:
+    def _orphan_window_ms(self, job: RegisteredJob) -> int:
         return max(job.options.max_late_ms, job.options.catch_up_ms) + 2 * self.lease_ms
 
-    async def _recover(self, job: _Job, run: ExpiredRun) -> None:
+    async def _recover(self, job: RegisteredJob, run: ExpiredRun) -> None:
         key = (run.slot, run.manual)
         if job.is_watching(key) or any(a.handle.ref.job == job.name and a.handle.ref.slot ==
                                       run.slot for a in self._attempts):
@@ -1221,7 +1130,7 @@ class Scheduler:
             log.warning("%s slot %s: orphaned run older than its recovery window closed as "
                         "interrupted", job.name, run.slot)
 
-    def _attempt(self, job: _Job, handle: ClaimHandle, threads: HandlerThreads) -> Attempt:
+    def _attempt(self, job: RegisteredJob, handle: ClaimHandle, threads: HandlerThreads) -> Attempt:
         assert job.handler is not None
         return Attempt(handle=handle, handler=job.handler, instance_id=self.instance_id,
                        timeout_ms=job.options.timeout_ms, threads=threads,
@@ -1261,7 +1170,7 @@ class Scheduler:
             return await self._skip_paused(handle)
         return handle
 
-    def _run_won(self, job: _Job, handle: ClaimHandle) -> Coroutine[Any, Any, None]:
+    def _run_won(self, job: RegisteredJob, handle: ClaimHandle) -> Coroutine[Any, Any, None]:
         """What runs a slot won at its instant: the attempt itself in the common case.
 
         The common case is :meth:`_after_won`'s checks all passing, tested here without a
@@ -1273,10 +1182,10 @@ class Scheduler:
             return self._run_attempt(self._attempt(job, handle, threads))
         return self._run_won_otherwise(job, handle)
 
-    async def _run_won_otherwise(self, job: _Job, handle: ClaimHandle) -> None:
+    async def _run_won_otherwise(self, job: RegisteredJob, handle: ClaimHandle) -> None:
         await self._go_on(job, handle.slot, await self._after_won(handle))
 
-    async def _run_handle(self, job: _Job, handle: ClaimHandle) -> None:
+    async def _run_handle(self, job: RegisteredJob, handle: ClaimHandle) -> None:
         """Run a won handle that passed :meth:`_after_won`."""
         threads = self._threads
         if job.handler is None and job.on_takeover is not None and not self._stopping:
@@ -1337,16 +1246,6 @@ def _reason(request: ClaimRequest, result: ClaimResult, now_ms: float) -> str:
     if outcome is ClaimOutcome.DONE:
         return "done: this run has already ended"
     return "taken: another instance won this slot"
-
-
-def _slots_between(schedule: Schedule, after: int, upto: int, limit: int) -> list[int]:
-    """The newest ``limit`` slots ``s`` of ``schedule`` with ``after < s <= upto``, in order."""
-    out: list[int] = []
-    at = schedule.latest_at_or_before(upto)
-    while at > after and len(out) < limit:
-        out.append(at)
-        at = schedule.latest_at_or_before(at - 1)
-    return out[::-1]
 
 
 def _backfill_slots(name: str, schedule: Schedule, lo: int, hi: int, limit: int) -> list[int]:
