@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -218,3 +219,13 @@ def test_doctor_on_another_store_reads_it_without_creating_it(tmp_path: Path) ->
     assert any(": FAIL, no anarchon store" in line for line in out.stdout.splitlines()), \
         out.stdout
     assert not missing.exists()
+
+
+def test_main_in_process_gives_logging_back(tmp_path: Path) -> None:
+    """A command quiets logging for its one-line errors, then gives it back to its caller."""
+    from anarchon_core.cli.main import main  # noqa: PLC0415
+
+    assert logging.root.manager.disable == logging.NOTSET
+    assert main(["history", "--backend", f"sqlite:///{tmp_path / 'none.db'}"]) == 1
+    assert logging.root.manager.disable == logging.NOTSET
+    assert logging.getLogger("anarchon.lease").isEnabledFor(logging.WARNING)

@@ -11,7 +11,6 @@ listing behind the message, is tested per store too.
 from __future__ import annotations
 
 import asyncio
-import logging
 import sqlite3
 import subprocess
 import sys
@@ -60,10 +59,7 @@ def ns() -> str:
 
 def cli(capsys: pytest.CaptureFixture[str], command: str, url: str) -> str:
     """Run ``anarchon <command> --backend url`` in-process; its one error line (exit 1)."""
-    try:
-        code = main([*READS[command], "--backend", url])
-    finally:
-        logging.disable(logging.NOTSET)  # main() quiets logging for its one-line errors
+    code = main([*READS[command], "--backend", url])
     out = capsys.readouterr()
     assert code == 1, out
     assert out.out == ""

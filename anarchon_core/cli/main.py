@@ -463,12 +463,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``anarchon`` console script."""
     args = build_parser().parse_args(argv)
     verbose = args.verbose = bool(getattr(args, "traceback", False))
+    # Given back on return: main() also runs inside other programs (tests, a shell).
+    disabled = logging.root.manager.disable
     if verbose and args.command != "run":  # cmd_run logs in the --log-format asked for
         install_log_handler("text", level=logging.DEBUG, logger="")
     elif args.command != "run":
         # The error line says what failed; drivers' and retry log lines would only repeat
         # it (and a driver's may show more than it should).
         logging.disable(logging.CRITICAL)
+    try:
+        return _run_command(args, verbose)
+    finally:
+        logging.disable(disabled)
+
+
+def _run_command(args: argparse.Namespace, verbose: bool) -> int:
+    """Run the parsed command; its exit status, every failure one line on stderr."""
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:
