@@ -93,7 +93,7 @@ def django(tmp: Path) -> None:
     )
     dj.setup()
     call_command("migrate", verbosity=0)  # anarchon_django's migrations create its table
-    for name in ("history", "jobs"):
+    for name in ("history", "jobs", "schedule/change_list", "schedule/change_form"):
         get_template(f"admin/anarchon_django/{name}.html")
     call_command("anarchon", "check")
     say("anarchon_django: ok (migrations, templates, manage.py anarchon check)")

@@ -18,13 +18,14 @@ from __future__ import annotations
 from .context import RunContext, current_run
 from .executor import UNLIMITED_GRACE_MS, AnarchonExecutor
 from .jobstore import AnarchonJobStore
-from .triggers import EPOCH, check_trigger, slot_for
+from .triggers import EPOCH, CronScheduleTrigger, check_trigger, slot_for
 
 __all__ = [
     "EPOCH",
     "UNLIMITED_GRACE_MS",
     "AnarchonExecutor",
     "AnarchonJobStore",
+    "CronScheduleTrigger",
     "RunContext",
     "check_trigger",
     "current_run",

@@ -25,6 +25,10 @@ How APScheduler's options map (see docs/apscheduler.md):
   limit counts this process's runs, as in APScheduler.
 * ``coalesce`` is APScheduler's: it decides which run times are handed over; each maps to
   its own slot, the same on every process.
+* A ``CronTrigger`` is replaced by the :class:`~anarchon_apscheduler.CronScheduleTrigger`
+  that fires at the same times on every other day and follows anarchon's DST rule
+  (cron(8)'s), unless ``dst_rule="apscheduler"``; one that cannot be is kept, with one
+  warning per job saying why.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.events import (  # type: ignore[import-untyped]
@@ -53,6 +57,7 @@ from apscheduler.events import (  # type: ignore[import-untyped]
     EVENT_JOB_MODIFIED,
     EVENT_JOB_REMOVED,
     EVENT_JOB_SUBMITTED,
+    EVENT_SCHEDULER_STARTED,
     JobExecutionEvent,
     JobSubmissionEvent,
 )
@@ -65,6 +70,7 @@ from apscheduler.executors.pool import (  # type: ignore[import-untyped]
     ThreadPoolExecutor,
 )
 from apscheduler.job import Job  # type: ignore[import-untyped]
+from apscheduler.schedulers.base import STATE_STOPPED  # type: ignore[import-untyped]
 
 from anarchon_core import (
     Backend,
@@ -81,15 +87,24 @@ from anarchon_core.naming import validate_job_name
 from anarchon_core.options import JobOptions
 
 from .context import RunContext, with_context
-from .triggers import check_trigger, lag_ms, lateness_allowance_ms, slot_for
+from .triggers import (
+    check_trigger,
+    follows_dst,
+    lag_ms,
+    lateness_allowance_ms,
+    slot_for,
+    translate_trigger,
+)
 
-__all__ = ["UNLIMITED_GRACE_MS", "AnarchonExecutor"]
+__all__ = ["DST_RULES", "UNLIMITED_GRACE_MS", "AnarchonExecutor"]
 
 log = logging.getLogger("anarchon.apscheduler")
 
 #: ``misfire_grace_time=None`` ("run however late") is a claim window of one hour: the
 #: store must remember every firing for as long as a late claim for it could come.
 UNLIMITED_GRACE_MS = 3_600_000
+#: What ``dst_rule`` accepts: whose daylight-saving rule a ``CronTrigger`` follows.
+DST_RULES = ("anarchon", "apscheduler")
 #: Job options the executor accepts as defaults for every job.
 _JOB_DEFAULTS = ("max_late_ms", "overlap", "max_attempts")
 _REFUSED = {
@@ -155,6 +170,16 @@ def _check_id_and_trigger(job: Any, *, new: bool) -> None:
         raise ConfigError(f"job id {job.id!r} cannot name an anarchon job: {exc}") from None
 
 
+def _now() -> datetime:
+    """The time a translated job's next run time is computed from again."""
+    return datetime.now(UTC)
+
+
+def _schedule_text(trigger: Any) -> str:
+    """The trigger as APScheduler prints it, for anarchon status and jobs()."""
+    return f"APScheduler {trigger}"[:200]
+
+
 #: The longest claim_timeout_s accepted (s): a claim that blocks longer helps nobody.
 MAX_CLAIM_TIMEOUT_S = 86_400.0
 
@@ -185,6 +210,12 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         :class:`~anarchon_core.Scheduler`).
     :param claim_timeout_s: the longest a claim may block the APScheduler thread, in
         seconds (more than 0, at most a day).
+    :param dst_rule: ``"anarchon"`` (the default): each job's ``CronTrigger`` is replaced
+        by the :class:`~anarchon_apscheduler.CronScheduleTrigger` of the same times, so
+        at daylight-saving changes it follows cron(8)'s rule as ``Scheduler.cron()``
+        does (see :meth:`~anarchon_apscheduler.CronScheduleTrigger.from_cron_trigger`
+        for what cannot be replaced). ``"apscheduler"``: triggers are left as they are.
+        Every process must use the same.
     :param job_defaults: anarchon job options for every job: ``max_late_ms`` (instead of
         the one derived from ``misfire_grace_time``), ``overlap`` (instead of the one
         derived from ``max_instances``), ``max_attempts`` (lease backends: attempts before a
@@ -198,9 +229,16 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
                  scheduler: Scheduler | None = None, instance_id: str | None = None,
                  lease_ms: int | None = None, heartbeat_ms: int | None = None,
                  history_size: int = 1000, history_ttl_ms: int | None = None,
-                 claim_timeout_s: float = 30.0, **job_defaults: Any) -> None:
+                 claim_timeout_s: float = 30.0, dst_rule: str = "anarchon",
+                 **job_defaults: Any) -> None:
         super().__init__()
         self._claim_timeout_s = _claim_timeout(claim_timeout_s)
+        if not isinstance(dst_rule, str) or dst_rule not in DST_RULES:
+            raise ConfigError(f"invalid dst_rule {dst_rule!r}: expected 'anarchon' (a "
+                              "CronTrigger follows cron(8)'s rule at daylight-saving "
+                              "changes, as Scheduler.cron() does) or 'apscheduler' (it "
+                              "keeps APScheduler's)")
+        self._dst_rule = dst_rule
         if inner is None:
             inner = ThreadPoolExecutor()
         if not isinstance(inner, BaseExecutor) or isinstance(inner, AnarchonExecutor):
@@ -229,7 +267,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         JobOptions.build(None, dict(job_defaults), leases=self._leases, now_ms=0)
         self._job_defaults: dict[str, Any] = dict(job_defaults)
         self._owns_anarchon = False
-        self._defined: dict[str, dict[str, Any]] = {}
+        #: Job id → the options and schedule text it was defined with.
+        self._defined: dict[str, tuple[dict[str, Any], str]] = {}
         self._define_lock = threading.RLock()
         self._plans: dict[int, _Plan] = {}
         self._plans_lock = threading.Lock()
@@ -238,6 +277,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         self._idle = threading.Condition()
         self._ids = itertools.count(1)
         self._warned: set[str] = set()
+        #: (job id, reason) of every CronTrigger left as it is, warned about once.
+        self._dst_warned: set[tuple[str, str]] = set()
         #: Job id → why it is refused, for jobs found wrong when they were added or modified
         #: after start (APScheduler gives the executor no say then); raised at each firing.
         self._refused: dict[str, str] = {}
@@ -261,6 +302,11 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
     def inner(self) -> Any:
         """The wrapped APScheduler executor."""
         return self._inner
+
+    @property
+    def dst_rule(self) -> str:
+        """``"anarchon"`` or ``"apscheduler"``: whose DST rule a ``CronTrigger`` follows."""
+        return self._dst_rule
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -294,8 +340,20 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         self._dispatch = original
 
         def dispatch(event: Any) -> None:
+            due = self._translation_due(scheduler, event)
+            if due is not None:
+                # Listeners see the job added (or modified) as asked, then the translation's
+                # own EVENT_JOB_MODIFIED, which checks the new trigger.
+                original(event)
+                if not self._translate(scheduler, *due, event.jobstore):
+                    self._recheck(scheduler, event)
+                return
             if event.code in (EVENT_JOB_ADDED, EVENT_JOB_MODIFIED, EVENT_JOB_REMOVED):
                 self._recheck(scheduler, event)
+            if event.code == EVENT_SCHEDULER_STARTED:
+                original(event)
+                self._translate_stored(scheduler)
+                return
             plan = self._take_plan(event)
             if plan is None:
                 original(event)
@@ -418,6 +476,10 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
             self._checked_options("job_defaults", None, 1, None, 0, label=label)
         for job, _store, _replace in list(getattr(scheduler, "_pending_jobs", ())):
             if getattr(job, "executor", "default") == alias:
+                translated = self._translation(job)
+                if translated is not None:
+                    # Before the scheduler computes its first run time and stores it.
+                    job._modify(trigger=translated)
                 self.check_job(job)
                 # Defined now, so the scheduler starts with them (its log line, the fleet
                 # view); a firing redefines a job only if its options changed meanwhile.
@@ -428,6 +490,80 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
                     getattr(job, "max_instances", defaults.get("max_instances", 1)),
                     job.trigger, 0 if next_run is None else lag_ms(job.trigger, next_run)),
                     job.trigger)
+
+    # ------------------------------------------------------------------ DST rule
+
+    def _translation(self, job: Any) -> Any:
+        """The CronScheduleTrigger to give ``job`` instead of its CronTrigger, or None.
+
+        None also when its CronTrigger cannot be translated: then the job keeps
+        APScheduler's rule, said once per job and reason (only if its zone has DST).
+        """
+        if self._dst_rule != "anarchon":
+            return None
+        try:
+            return translate_trigger(job.trigger)
+        except ConfigError as exc:
+            reason = str(exc)
+            if (job.id, reason) not in self._dst_warned and follows_dst(job.trigger):
+                self._dst_warned.add((job.id, reason))
+                log.warning("job %r (%s) keeps APScheduler's DST rule: %s. For anarchon's "
+                            "(cron(8)'s) give it a CronScheduleTrigger, or keep "
+                            "APScheduler's for every job with AnarchonExecutor(..., "
+                            "dst_rule='apscheduler')", job.id, job.trigger, reason)
+            return None
+
+    def _translation_due(self, scheduler: Any, event: Any) -> tuple[Any, Any] | None:
+        """``(job, new trigger)`` if the job of an added or modified event needs one."""
+        if event.code not in (EVENT_JOB_ADDED, EVENT_JOB_MODIFIED) or \
+                self._dst_rule != "anarchon" or scheduler.state == STATE_STOPPED:
+            return None  # jobs added before start() were translated then
+        try:
+            job = scheduler.get_job(event.job_id, event.jobstore)
+        except Exception:  # noqa: BLE001 - a store's error: _recheck reports what it can
+            return None
+        if job is None or job.executor != self._alias:
+            return None
+        translated = self._translation(job)
+        return None if translated is None else (job, translated)
+
+    def _translate(self, scheduler: Any, job: Any, translated: Any, jobstore: str) -> bool:
+        """Give a stored job its new trigger (``modify_job``); False if that failed.
+
+        A next run time its CronTrigger computed is computed again by the new trigger
+        (at a DST change they differ); one set by hand, or None (paused), is kept.
+        """
+        old = job.trigger
+        changes: dict[str, Any] = {"trigger": translated}
+        now = _now()
+        planned = getattr(job, "next_run_time", None)
+        if planned is not None and planned == old.get_next_fire_time(None, now):
+            changes["next_run_time"] = translated.get_next_fire_time(None, now)
+        try:
+            scheduler.modify_job(job.id, jobstore, **changes)
+        except Exception as exc:  # noqa: BLE001 - a store's error: the job keeps its trigger
+            log.warning("job %r: replacing its %s by %s failed (%s: %s); it keeps "
+                        "APScheduler's DST rule", job.id, old, translated,
+                        type(exc).__name__, exc)
+            return False
+        log.debug("job %r: %s runs as %s (anarchon's DST rule)", job.id, old, translated)
+        return True
+
+    def _translate_stored(self, scheduler: Any) -> None:
+        """Translate the CronTriggers of jobs found in the job stores at start."""
+        if self._dst_rule != "anarchon":
+            return
+        try:
+            jobs = scheduler.get_jobs()
+        except Exception as exc:  # noqa: BLE001 - a store's error: they keep their trigger
+            log.warning("reading the jobs to translate their CronTriggers failed (%s: %s)",
+                        type(exc).__name__, exc)
+            return
+        for job in jobs:
+            if job.executor == self._alias:
+                translated = self._translation(job)
+                if translated is not None:
+                    self._translate(scheduler, job, translated, job._jobstore_alias)
 
     def _recheck(self, scheduler: Any, event: Any) -> None:
         """Check a job added, modified or removed after start; a refusal is logged now."""
@@ -462,7 +598,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         _check_id_and_trigger(job, new=False)
         options = self._options(job.misfire_grace_time, job.max_instances, job.trigger, lag)
         with self._define_lock:
-            if self._defined.get(job.id) != options:  # checked once per definition
+            # Checked once per definition.
+            if self._defined.get(job.id) != (options, _schedule_text(job.trigger)):
                 self._checked_options(job.id, job.misfire_grace_time, job.max_instances,
                                       job.trigger, lag)
                 self._define_options(job.id, options, job.trigger)
@@ -471,15 +608,16 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
 
     def _define_options(self, job_id: str, options: dict[str, Any], trigger: Any) -> None:
         """(Re)define the anarchon job of ``job_id`` with checked ``options``."""
+        text = _schedule_text(trigger)
         with self._define_lock:
-            if self._defined.get(job_id) == options:
+            if self._defined.get(job_id) == (options, text):
                 return
             if job_id in self._defined:
                 self._anarchon.remove(job_id)
-            # The trigger as APScheduler prints it, for anarchon status and jobs().
-            self._anarchon.define(job_id, on_takeover=self._on_takeover,
-                                  schedule_text=f"APScheduler {trigger}"[:200], **options)
-            self._defined[job_id] = options
+            # Every process fires the same run times: contender sets choose who claims.
+            self._anarchon.define(job_id, on_takeover=self._on_takeover, schedule_text=text,
+                                  contenders=True, **options)
+            self._defined[job_id] = (options, text)
 
     def _warn_generated_id(self, job: Any) -> None:
         job_id = job.id
@@ -510,7 +648,7 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
         assert self._lock is not None, "This executor has not been started yet"
         options = self._define(job, max((lag_ms(job.trigger, t) for t in run_times),
                                         default=0))
-        overlap_across = self._leases and not options.get("overlap", False)
+        overlap_across = self._leases and options.get("overlap", False) not in (True, "allow")
         if not overlap_across:
             with self._lock:
                 if self._instances[job.id] >= job.max_instances:

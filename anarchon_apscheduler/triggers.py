@@ -24,29 +24,48 @@ them differ between processes, and both are handled here:
   process made it, so processes started on different days fire on different days. Made
   today, it cannot be told from one given today's date, so one whose ``start_date`` is
   today is refused when the job is added (see :func:`check_trigger`).
+
+APScheduler's ``CronTrigger`` has a DST rule of its own (every time of a repeated hour
+fires twice; the first time of a job inside a gap fires moved later by the gap's length,
+its others there not at all). :class:`CronScheduleTrigger` fires at the slots of an
+anarchon cron schedule instead: cron(8)'s rule, or the job's ``dst=`` choice.
+:meth:`CronScheduleTrigger.from_cron_trigger` gives the one that fires where a
+``CronTrigger`` does on every other day (``AnarchonExecutor`` puts it in the job's place).
 """
 
 from __future__ import annotations
 
 import copy
-from datetime import UTC, date, datetime, timedelta
+import functools
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any
 
+from apscheduler.triggers.base import BaseTrigger  # type: ignore[import-untyped]
+from apscheduler.triggers.calendarinterval import (  # type: ignore[import-untyped]
+    CalendarIntervalTrigger,
+)
 from apscheduler.triggers.combining import (  # type: ignore[import-untyped]
     BaseCombiningTrigger,
 )
+from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
+from apscheduler.triggers.cron.expressions import (  # type: ignore[import-untyped]
+    AllExpression,
+    LastDayOfMonthExpression,
+    RangeExpression,
+    WeekdayPositionExpression,
+)
+from apscheduler.triggers.cron.fields import (  # type: ignore[import-untyped]
+    MAX_VALUES,
+    MIN_VALUES,
+)
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
-
-try:  # APScheduler 3.11 and later
-    from apscheduler.triggers.calendarinterval import (  # type: ignore[import-untyped]
-        CalendarIntervalTrigger,
-    )
-except ImportError:  # pragma: no cover - APScheduler 3.10 has no calendar intervals
-    CalendarIntervalTrigger = None
+from apscheduler.util import convert_to_datetime  # type: ignore[import-untyped]
 
 from anarchon_core import ConfigError, slot_from_datetime
+from anarchon_core.schedules import CronSchedule, Dst, cron_list, ms_to_datetime, zone_name
 
-__all__ = ["EPOCH", "check_trigger", "lag_ms", "lateness_allowance_ms", "slot_for"]
+__all__ = ["EPOCH", "CronScheduleTrigger", "check_trigger", "follows_dst", "lag_ms",
+           "lateness_allowance_ms", "slot_for", "translate_trigger"]
 
 #: 1970-01-01T00:00:00Z: a fixed ``start_date`` that puts an interval on the epoch grid
 #: (``IntervalTrigger(seconds=10, start_date=EPOCH)`` fires at :00, :10, :20 ...).
@@ -91,8 +110,7 @@ def check_trigger(job_id: str, trigger: Any, *, new: bool = True) -> None:
                 "add_job(..., 'interval', seconds=10, start_date='2000-01-01 00:00:00+00:00')"
                 " or IntervalTrigger(seconds=10, start_date=anarchon_apscheduler.EPOCH)"
             )
-        if new and CalendarIntervalTrigger is not None and \
-                isinstance(inner, CalendarIntervalTrigger) and _starts_today(inner):
+        if new and isinstance(inner, CalendarIntervalTrigger) and _starts_today(inner):
             raise ConfigError(
                 f"job {job_id!r}: its trigger {inner} starts today ({inner.start_date}); "
                 "without start_date a CalendarIntervalTrigger starts on the day each "
@@ -205,3 +223,280 @@ def slot_for(trigger: Any, run_time: datetime) -> int:
         if fire is not None and best is not None and fire <= best:
             break
     return _nearest_ms(best if best is not None else run_time)
+
+
+class CronScheduleTrigger(BaseTrigger):  # type: ignore[misc]
+    """An APScheduler trigger firing at the slots of an anarchon cron schedule.
+
+    ``CronScheduleTrigger("*/30 * * * *", "Europe/Athens")`` fires where
+    ``Scheduler.cron("...", "*/30 * * * *", tz="Europe/Athens")`` would: the expression
+    (5 fields, or 6 with seconds first) on the zone's wall clock, and at daylight-saving
+    changes cron(8)'s rule or the ``dst`` choice (see
+    :class:`~anarchon_core.schedules.DstRule`). ``start_date`` and ``end_date`` bound
+    its fire times as a ``CronTrigger``'s do (both included; a naive datetime or a string
+    is read in the zone). A bad expression, zone, ``dst`` or date is a
+    :class:`~anarchon_core.ConfigError` at once. It pickles by its arguments, so it works
+    in any job store.
+    """
+
+    def __init__(self, expression: str, timezone: Any = "UTC", dst: Dst = None, *,
+                 start_date: Any = None, end_date: Any = None) -> None:
+        self.schedule = _cron_schedule(expression, timezone, dst)
+        self.start_date = _moment(start_date, self.schedule.zone, "start_date")
+        self.end_date = _moment(end_date, self.schedule.zone, "end_date")
+        if self.start_date is not None and self.end_date is not None and \
+                self.end_date < self.start_date:
+            raise ConfigError(f"invalid end_date {self.end_date.isoformat()}: before "
+                              f"start_date {self.start_date.isoformat()}")
+
+    @classmethod
+    def from_cron_trigger(cls, trigger: Any) -> CronScheduleTrigger:
+        """The trigger firing where ``trigger``, an APScheduler ``CronTrigger``, does.
+
+        Its expression has the trigger's fields (seconds first when they are not ``0``),
+        its zone and ``start_date``/``end_date`` are the trigger's, and its DST rule is
+        cron(8)'s: a minute or hour spelled with ``*`` first (``minute="*/15"``, a ``*``
+        APScheduler filled in) makes a wildcard job, anything else a fixed-time one.
+        Weekdays are carried by name (APScheduler counts Monday as 0, cron Sunday).
+
+        A :class:`~anarchon_core.ConfigError` says why there is none: a ``year`` or
+        ``week`` other than ``*``, a weekday position in ``day`` (``"2nd fri"``), both
+        ``day`` and ``day_of_week`` restricted (APScheduler fires on days matching both,
+        cron on days matching either), a ``jitter``, or a zone without an IANA name.
+        """
+        if type(trigger) is not CronTrigger:
+            raise ConfigError(f"{type(trigger).__name__} is not a CronTrigger")
+        if trigger.jitter:
+            raise ConfigError(f"jitter={trigger.jitter} would be lost (CronScheduleTrigger "
+                              "has none)")
+        zone = zone_name(trigger.timezone)
+        if not isinstance(zone, str):
+            raise ConfigError(f"its time zone {trigger.timezone!r} has no IANA name")
+        expression = cron_expression(trigger)
+        return cls(expression, zone, start_date=trigger.start_date, end_date=trigger.end_date)
+
+    @property
+    def timezone(self) -> Any:
+        """The zone the expression is read in (a :class:`~zoneinfo.ZoneInfo`)."""
+        return self.schedule.zone
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None,
+                           now: datetime) -> datetime | None:
+        """The first slot after ``previous_fire_time``, or at or after ``now`` without one.
+
+        With a previous fire time ``now`` does not matter: APScheduler asks for the run
+        times after it up to ``now`` to count the ones it missed. Without one the search
+        starts at ``start_date`` if that is later; a slot after ``end_date`` is None.
+        """
+        if previous_fire_time is None:
+            start = now if self.start_date is None else max(now, self.start_date)
+        else:
+            # In UTC: a local time plus a microsecond loses its fold (the second pass).
+            start = previous_fire_time.astimezone(UTC) + _US
+        first_ms = -(-(start - EPOCH) // timedelta(milliseconds=1))  # at or after start
+        fire = ms_to_datetime(self.schedule.next_after(first_ms - 1)).astimezone(
+            self.schedule.zone)
+        if self.end_date is not None and fire > self.end_date:
+            return None
+        return fire
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Version 1; ``start_date``/``end_date`` only when given, as optional keys."""
+        schedule = self.schedule
+        state: dict[str, Any] = {
+            "version": 1, "expression": schedule.expression, "timezone": schedule.tz,
+            "dst": str(schedule.dst) if schedule.dst_given else None}
+        if self.start_date is not None:
+            state["start_date"] = self.start_date
+        if self.end_date is not None:
+            state["end_date"] = self.end_date
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("version", 1) > 1:
+            raise ValueError(f"got a serialized CronScheduleTrigger of version "
+                             f"{state['version']}; this anarchon reads version 1")
+        self.schedule = _cron_schedule(state["expression"], state["timezone"], state["dst"])
+        self.start_date = state.get("start_date")
+        self.end_date = state.get("end_date")
+
+    def __str__(self) -> str:
+        return self.schedule.describe()
+
+    def __repr__(self) -> str:
+        bounds = "".join(f", {name}={moment.isoformat()!r}" for name, moment in (
+            ("start_date", self.start_date), ("end_date", self.end_date))
+            if moment is not None)
+        return f"<{type(self).__name__} ({self.schedule.describe()}{bounds})>"
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_schedule(expression: str, timezone: Any, dst: Any) -> CronSchedule:
+    return CronSchedule(expression, timezone, dst)
+
+
+def _cron_schedule(expression: str, timezone: Any, dst: Any) -> CronSchedule:
+    """The schedule, shared by every trigger of the same arguments.
+
+    A job store unpickles a job's trigger each time it reads the job (``AnarchonJobStore``
+    every ``sync_interval``): checking the same expression again each time would cost
+    more than the read. A schedule never changes once made.
+    """
+    try:
+        return _shared_schedule(expression, timezone, dst)
+    except TypeError:  # unhashable: the schedule itself says what is wrong with it
+        return CronSchedule(expression, timezone, dst)
+
+
+def _moment(value: Any, zone: Any, name: str) -> datetime | None:
+    """``value`` (a datetime, date or string; naive ones read in ``zone``) as aware."""
+    try:
+        moment: datetime | None = convert_to_datetime(value, zone, name)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid {name} {value!r}: {exc}") from None
+    return moment
+
+
+# ------------------------------------------------------------------ CronTrigger → cron
+
+#: Weekday names by cron's numbers (``sun`` is 0; APScheduler's 0 is ``mon``).
+_CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _values(field: Any) -> set[int]:
+    """Every value a field of ``*``, numbers and ranges (steps included) matches.
+
+    ConfigError for a field with another kind of expression (``last``, ``2nd fri``).
+    """
+    low, high = MIN_VALUES[field.name], MAX_VALUES[field.name]
+    values: set[int] = set()
+    for expr in field.expressions:
+        if type(expr) is AllExpression:  # the others below derive from it
+            first, last = low, high
+        elif isinstance(expr, RangeExpression):  # month and weekday names too
+            first, last = expr.first, high if expr.last is None else expr.last
+        else:
+            raise ConfigError(f"{field.name}='{field}' uses '{expr}', which has no cron "
+                              "spelling that keeps its meaning")
+        values.update(range(first, last + 1, expr.step or 1))
+    return values
+
+
+def _spelled(field: Any, expressions: list[Any]) -> str:
+    """``expressions`` of ``field`` in cron: ``*`` if they match every value, else as given.
+
+    Month names become numbers; the values are checked by :func:`_check_expansion`.
+    """
+    copied = copy.copy(field)
+    copied.expressions = expressions
+    if _values(copied) >= set(range(MIN_VALUES[field.name], MAX_VALUES[field.name] + 1)):
+        return "*"
+    return ",".join(str(e) if type(e) is AllExpression else RangeExpression.__str__(e)
+                    for e in expressions)
+
+
+def _day(field: Any) -> tuple[str, set[int], bool]:
+    """The day-of-month field: its cron spelling, its days, whether ``last`` is one."""
+    last = any(isinstance(expr, LastDayOfMonthExpression) for expr in field.expressions)
+    plain = [expr for expr in field.expressions
+             if not isinstance(expr, LastDayOfMonthExpression)]
+    for expr in plain:
+        if isinstance(expr, WeekdayPositionExpression):
+            raise ConfigError(f"day='{field}': a weekday's position in the month ('{expr}') "
+                              "is not translated")
+    if not plain:
+        return "L", set(), True
+    copied = copy.copy(field)
+    copied.expressions = plain
+    spelled = _spelled(field, plain)
+    if spelled == "*":
+        return "*", _values(copied), False
+    return f"{spelled},L" if last else spelled, _values(copied), last
+
+
+def cron_expression(trigger: Any) -> str:
+    """The cron expression (seconds first unless they are ``0``) of a ``CronTrigger``.
+
+    Seconds, minutes and hours keep the trigger's spelling, which decides the DST rule
+    (see :func:`~anarchon_core.schedules.is_wildcard`); days, months and weekdays are
+    the values the trigger matches, weekdays by name. ConfigError saying why for a
+    trigger no expression fires alike (see :meth:`CronScheduleTrigger.from_cron_trigger`);
+    it checks that the core's cron schedule reads the expression as the trigger's values.
+    """
+    fields = {field.name: field for field in trigger.fields}
+    for name, meaning in (("year", "cron has no year field"),
+                          ("week", "cron has no ISO week field")):
+        if str(fields[name]) != "*":
+            raise ConfigError(f"{name}='{fields[name]}': {meaning}")
+    day, days, last = _day(fields["day"])
+    month = _spelled(fields["month"], fields["month"].expressions)
+    weekdays = {(v + 1) % 7 for v in _values(fields["day_of_week"])}  # mon=0 → mon=1
+    weekday = "*" if len(weekdays) == 7 else cron_list(weekdays, _CRON_WEEKDAYS, min_range=3)
+    if day != "*" and weekday != "*":
+        raise ConfigError(
+            f"day='{fields['day']}' and day_of_week='{fields['day_of_week']}' both restrict "
+            "the day: APScheduler fires on days matching both, cron on days matching either")
+    spelled = {name: str(fields[name]) for name in ("second", "minute", "hour")}
+    expression = " ".join((spelled["minute"], spelled["hour"], day, month, weekday))
+    if spelled["second"] != "0":
+        expression = f"{spelled['second']} {expression}"
+    expected = {name: _values(fields[name]) for name in ("second", "minute", "hour", "month")}
+    expected.update(day=days, day_of_week=weekdays)
+    _check_expansion(expression, expected, last=last)
+    return expression
+
+
+def _check_expansion(expression: str, expected: dict[str, set[int]], *, last: bool) -> None:
+    """ConfigError unless the core's cron schedule reads ``expression`` as ``expected``.
+
+    ``last``: whether the day field holds ``L`` (the last day of the month).
+    """
+    try:
+        read = CronSchedule(expression).fields()
+    except ConfigError as exc:
+        raise ConfigError(f"the cron schedule does not accept {expression!r}: {exc}") \
+            from None
+    for name, values in expected.items():
+        if set(read.values(name)) != values:
+            raise ConfigError(f"the cron schedule reads the {name} of {expression!r} as "
+                              f"{sorted(read.values(name))}, not {sorted(values)}")
+    if read.last_day != last:
+        raise ConfigError(f"the cron schedule reads the last day of {expression!r} "
+                          f"{'in' if read.last_day else 'out'}")
+    if read.weekday_positions:
+        raise ConfigError(f"the cron schedule reads weekday positions in {expression!r}")
+
+
+def translate_trigger(trigger: Any) -> CronScheduleTrigger | None:
+    """``trigger`` as a :class:`CronScheduleTrigger` if it is a ``CronTrigger``, else None.
+
+    ConfigError saying why a ``CronTrigger`` (or one combined in an ``OrTrigger`` or
+    ``AndTrigger``) is not translated.
+    """
+    if isinstance(trigger, CronTrigger):
+        if type(trigger) is not CronTrigger:
+            raise ConfigError(f"it is a {type(trigger).__name__}, a subclass of CronTrigger")
+        return CronScheduleTrigger.from_cron_trigger(trigger)
+    if any(isinstance(inner, CronTrigger) for inner in _triggers(trigger)[1:]):
+        raise ConfigError(f"a CronTrigger combined in an {type(trigger).__name__} is not "
+                          "translated (combine CronScheduleTriggers instead)")
+    return None
+
+
+def follows_dst(trigger: Any) -> bool:
+    """Whether a ``CronTrigger`` in ``trigger`` reads a zone whose offset changes.
+
+    Looked up over the next two years: in a zone without daylight-saving time (UTC, a
+    fixed offset) APScheduler's DST rule and anarchon's never differ.
+    """
+    now = datetime.now(UTC)
+    moments = [datetime(now.year + k // 12, k % 12 + 1, 1, tzinfo=UTC) for k in range(24)]
+    for inner in _triggers(trigger):
+        zone = getattr(inner, "timezone", None)
+        if not isinstance(inner, CronTrigger):
+            continue
+        if not isinstance(zone, tzinfo):
+            return True
+        if len({moment.astimezone(zone).utcoffset() for moment in moments}) > 1:
+            return True
+    return False

@@ -4,7 +4,8 @@
   ``timedelta(seconds=10)`` fires at :00, :10, :20 whenever each beat started.
 * A ``crontab`` becomes a cron expression in the app's time zone, built from the sets of
   minutes, hours, days and months the crontab itself computed, so every spelling Celery
-  accepts (``"*/15"``, ``"mon-fri"``, ranges, lists) maps exactly.
+  accepts (``"*/15"``, ``"mon-fri"``, ranges, lists) maps exactly. Its DST rule is
+  cron(8)'s, decided by the spelling (:func:`crontab_dst`), not by the built expression.
 * ``solar`` and any other schedule class are refused with the entry's name: their slots
   could not be computed identically by every beat.
 
@@ -24,14 +25,16 @@ from typing import Any
 from celery.schedules import crontab, schedule, solar  # type: ignore[import-untyped]
 
 from anarchon_core import ConfigError
+from anarchon_core.schedules import DstRule, cron_list
 
-__all__ = ["ENTRY_OPTIONS_KEY", "JOB_OPTIONS", "JobSpec", "cron_expression", "entry_job_options",
-           "job_spec", "publish_options"]
+__all__ = ["ENTRY_OPTIONS_KEY", "JOB_OPTIONS", "JobSpec", "cron_expression", "crontab_dst",
+           "entry_job_options", "job_spec", "publish_options"]
 
 #: The key of ``options`` an entry may carry anarchon job options in (never published).
 ENTRY_OPTIONS_KEY = "anarchon"
 #: Job options an entry may set under ``options["anarchon"]`` (and the app in ``anarchon_*``).
-JOB_OPTIONS = ("jitter_ms", "max_late_ms", "catch_up_ms", "max_attempts")
+JOB_OPTIONS = ("jitter_ms", "max_late_ms", "catch_up_ms", "catch_up", "max_attempts",
+               "overlap")
 
 
 @dataclass(frozen=True)
@@ -46,32 +49,19 @@ class JobSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     #: A digest of the entry's task, schedule, args, kwargs and options.
     digest: str = ""
+    #: A cron entry's DST rule, ``"<fall_back>,<spring_forward>"`` (see :func:`crontab_dst`).
+    dst: str | None = None
 
     def describe(self) -> str:
-        """The schedule as text: ``every 0:00:10`` or ``cron */15 8-17 * * 1-5 Europe/Athens``."""
+        """The schedule as text: ``every 0:00:10``, ``cron 0 8 * * * UTC dst=once_first,shift``."""
         if self.kind == "every":
             return f"every {self.interval}"
-        return f"cron {self.expression} {self.tz}"
-
-
-def _ranges(values: Iterable[int]) -> str:
-    """``{0, 1, 2, 5}`` → ``"0-2,5"``: the shortest cron list of a set of numbers."""
-    ordered = sorted(set(values))
-    parts: list[str] = []
-    start = prev = ordered[0]
-    for value in [*ordered[1:], None]:
-        if value is not None and value == prev + 1:
-            prev = value
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if value is not None:
-            start = prev = value
-    return ",".join(parts)
+        return f"cron {self.expression} {self.tz} dst={self.dst}"
 
 
 def _field(values: Iterable[int], low: int, high: int) -> str:
     values = set(values)
-    return "*" if values >= set(range(low, high + 1)) else _ranges(values)
+    return "*" if values >= set(range(low, high + 1)) else cron_list(values)
 
 
 def cron_expression(entry_name: str, cron: Any) -> str:
@@ -91,6 +81,20 @@ def cron_expression(entry_name: str, cron: Any) -> str:
             "them and check the other in the task")
     return " ".join((_field(cron.minute, 0, 59), _field(cron.hour, 0, 23), dom,
                      _field(cron.month_of_year, 1, 12), dow))
+
+
+def crontab_dst(cron: Any) -> str:
+    """The DST rule of a Celery ``crontab``, as cron(8) would read its spelling.
+
+    A minute or hour given as a text starting with ``*`` (``minute="*/15"``, the default
+    ``"*"``) makes a wildcard job, ``both,skip``: it follows the wall clock. Anything else
+    (numbers, lists, ranges, ``"0-59"``) is a fixed-time job, ``once_first,shift``. The
+    built expression cannot tell: ``"*/15"`` becomes ``0,15,30,45`` and ``"0-59"``
+    becomes ``*``.
+    """
+    spelled = (getattr(cron, "_orig_minute", "*"), getattr(cron, "_orig_hour", "*"))
+    wildcard = any(isinstance(text, str) and text.strip().startswith("*") for text in spelled)
+    return str(DstRule.default(wildcard=wildcard))
 
 
 def _zone_name(entry_name: str, tz: Any) -> str:
@@ -125,7 +129,7 @@ def entry_job_options(entry_name: str, options: Mapping[str, Any] | None,
     merged = {k: v for k, v in defaults.items() if v is not None}
     own = (options or {}).get(ENTRY_OPTIONS_KEY)
     if own is None:
-        return merged
+        return _checked_overlap(entry_name, merged)
     if not isinstance(own, Mapping):
         raise ConfigError(f"beat_schedule entry {entry_name!r}: options[{ENTRY_OPTIONS_KEY!r}] "
                           f"must be a dict of {', '.join(JOB_OPTIONS)}, not {own!r}")
@@ -134,6 +138,14 @@ def entry_job_options(entry_name: str, options: Mapping[str, Any] | None,
         raise ConfigError(f"beat_schedule entry {entry_name!r}: unknown anarchon option(s) "
                           f"{', '.join(unknown)}; valid: {', '.join(JOB_OPTIONS)}")
     merged.update({k: v for k, v in own.items() if v is not None})
+    return _checked_overlap(entry_name, merged)
+
+
+def _checked_overlap(entry_name: str, merged: dict[str, Any]) -> dict[str, Any]:
+    if merged.get("overlap") == "cancel_other":
+        raise ConfigError(f"beat_schedule entry {entry_name!r}: overlap='cancel_other' cannot "
+                          "stop a task already sent to a worker; use 'skip', 'buffer_one' "
+                          "(with anarchon_track_tasks) or 'allow'")
     return merged
 
 
@@ -154,7 +166,7 @@ def job_spec(entry: Any, tz: Any, defaults: Mapping[str, Any]) -> JobSpec:
             "on a grid every beat shares); use a crontab in the app's timezone instead")
     if isinstance(sched, crontab):
         spec = JobSpec(name, "cron", expression=cron_expression(name, sched),
-                       tz=_zone_name(name, tz), options=options)
+                       tz=_zone_name(name, tz), options=options, dst=crontab_dst(sched))
     elif type(sched) is schedule:
         interval = sched.run_every
         if not isinstance(interval, timedelta) or interval <= timedelta(0):
@@ -168,4 +180,4 @@ def job_spec(entry: Any, tz: Any, defaults: Mapping[str, Any]) -> JobSpec:
     digest = _digest(entry.task, spec.describe(), entry.args, entry.kwargs,
                      publish_options(entry.options))
     return JobSpec(spec.name, spec.kind, spec.interval, spec.expression, spec.tz,
-                   spec.options, digest)
+                   spec.options, digest, spec.dst)

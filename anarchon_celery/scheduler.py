@@ -10,6 +10,10 @@ slot and attempt, and records the task id with the run (``Run.meta``).
 
 Beat's ``tick()`` sends nothing and never touches the store: it only re-registers entries
 that changed and tells beat when to look again.
+
+With ``anarchon_database_schedules`` the beat also sends the Celery-task rows of the
+``anarchon_django.Schedule`` table (:mod:`anarchon_celery.dbschedules`), polled on the
+same event loop thread.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import beat  # type: ignore[import-untyped]
 
@@ -36,10 +40,16 @@ from anarchon_core import (
 from anarchon_core import Scheduler as CoreScheduler
 from anarchon_core.lifecycle import start_with_retry
 from anarchon_core.logjson import install_log_handler
+from anarchon_core.supervision import LoopGuard
 
 from . import tracking
 from .entries import ENTRY_OPTIONS_KEY, JobSpec, job_spec, publish_options
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from anarchon_core.sources import SourceSync
+
+    from .dbschedules import BeatRows
 
 __all__ = [
     "HEADER_ATTEMPT", "HEADER_ID", "HEADER_JOB", "HEADER_RUNNER", "HEADER_SLOT", "Scheduler",
@@ -63,10 +73,16 @@ _SETTLE_EVERY = 32
 
 
 class _Runner:
-    """The core scheduler on an event loop thread: start with retries, probe, stop."""
+    """The core scheduler on an event loop thread: start with retries, probe, stop.
 
-    def __init__(self, core: CoreScheduler) -> None:
+    ``sources`` are polled on the same loop, store up or down: loaded once before the
+    first start (so their jobs claim from the first slot; a source slower than
+    ``_CALL_TIMEOUT_S`` finishes its load meanwhile), then every interval.
+    """
+
+    def __init__(self, core: CoreScheduler, sources: tuple[SourceSync, ...] = ()) -> None:
         self.core = core
+        self.sources = sources
         self.loop = asyncio.new_event_loop()
         self.stopped: asyncio.Event | None = None
         self.ready = threading.Event()
@@ -86,6 +102,11 @@ class _Runner:
     async def _main(self) -> None:
         self.stopped = asyncio.Event()
         self.ready.set()
+        loads = [asyncio.Event() for _ in self.sources]
+        polling = [self.loop.create_task(self._poll(sync, loaded))
+                   for sync, loaded in zip(self.sources, loads, strict=True)]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in loads)), _CALL_TIMEOUT_S)
         started = await start_with_retry(
             self.core, self.stopped, retry=(AnarchonError, OSError),
             call_timeout_s=_CALL_TIMEOUT_S, first_delay_s=0.5, announce=True,
@@ -98,7 +119,20 @@ class _Runner:
                     await asyncio.wait_for(self.core.probe_store(), _CALL_TIMEOUT_S)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopped.wait(), _PROBE_S)
+        for task in polling:
+            task.cancel()
+        await asyncio.gather(*polling, return_exceptions=True)
         await self.core.stop()
+
+    async def _poll(self, sync: SourceSync, loaded: asyncio.Event) -> None:
+        guard = LoopGuard(f"source {sync.source.description}",
+                          lambda: self.stopped is not None and not self.stopped.is_set())
+        try:
+            with guard.item("the first load"):
+                await sync.poll_and_apply()
+        finally:
+            loaded.set()
+        await guard.run(sync.loop)
 
     def call(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the loop (thread-safe)."""
@@ -227,6 +261,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._registered: dict[str, Any] | None = None
         self._runner: _Runner | None = None
         self._publisher: _Publisher | None = None
+        #: Held while beat_schedule entries or database rows are (un)registered.
+        self._lock = threading.RLock()
+        #: The database rows' poller and consumer (``anarchon_database_schedules``).
+        self.rows: SourceSync | None = None
+        self._rows: BeatRows | None = None
         super().__init__(app, *args, **kwargs)
 
     # ------------------------------------------------------------------ set-up
@@ -241,18 +280,31 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         core = self.settings.make_scheduler("beat")
         self.core = core
         self._sync_jobs()  # a bad entry refuses the beat before anything is served
+        if self.settings.database_schedules:
+            from . import dbschedules  # noqa: PLC0415 - needs Django, only when asked for
+
+            self.rows, self._rows = dbschedules.sync_for(
+                core, self._send_entry, self._specs.keys, self._lock,
+                self.settings.job_defaults)
         if self.settings.metrics_port is not None:
             from anarchon_core.metrics.prometheus import serve_metrics  # noqa: PLC0415
 
             serve_metrics(core, self.settings.metrics_port, self.settings.metrics_addr)
         self._publisher = _Publisher(self.app, self._publish, self.settings.publish_threads)
-        self._runner = _Runner(core)
+        self._runner = _Runner(core, (self.rows,) if self.rows is not None else ())
         self._runner.start()
-        log.info("anarchon beat %s: %d entries on %s", core.instance_id, len(self._specs),
-                 self.settings.describe())
+        rows = f" and {self.rows.source.description}" if self.rows is not None else ""
+        log.info("anarchon beat %s: %d entries%s on %s", core.instance_id, len(self._specs),
+                 rows, self.settings.describe())
 
     def _sync_jobs(self) -> None:
         """Register entries that are new or changed, remove the ones gone (thread-safe)."""
+        with self._lock:
+            self._sync_entries()
+        if self._rows is not None:
+            self._rows.entries_changed()
+
+    def _sync_entries(self) -> None:
         core = self.core
         assert core is not None
         tz = self.app.timezone
@@ -267,6 +319,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._entries[name] = self.schedule[name]
             if name in self._specs:
                 continue
+            if self._rows is not None:
+                self._rows.yield_name(name)  # the entry wins over a row of its name
             handler = self._handler(name)
             try:
                 if spec.kind == "every":
@@ -274,7 +328,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                     core.every(name, spec.interval, handler, **spec.options)
                 else:
                     assert spec.expression is not None
-                    core.cron(name, spec.expression, handler, tz=spec.tz, **spec.options)
+                    core.cron(name, spec.expression, handler, tz=spec.tz, dst=spec.dst,
+                              **spec.options)
             except ConfigError as exc:
                 raise ConfigError(f"beat_schedule entry {name!r}: {exc}"
                                   f"{self._from_app(name, spec, exc)}") from None
@@ -333,8 +388,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         return send
 
     async def _send(self, name: str, ctx: JobContext) -> None:
-        entry = self._entries[name]
         spec = self._specs.get(name)
+        await self._send_entry(ctx, self._entries[name], spec.digest if spec else "")
+
+    async def _send_entry(self, ctx: JobContext, entry: Any, digest: str) -> None:
+        """Publish ``entry``'s task for ``ctx``'s slot (once per attempt) and record it."""
+        name = ctx.job
         loop = asyncio.get_running_loop()
         if self.settings.track_tasks and ctx.attempt > 1:
             known = await tracking.task_record(self._core(), name, ctx.slot)
@@ -348,8 +407,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         assert self._publisher is not None
         result = await self._publisher.publish(loop, entry, ctx)
         task_id = getattr(result, "id", None)
-        ctx.meta.update(task=str(entry.task), task_id=str(task_id or ""),
-                        entry=spec.digest if spec else "")
+        ctx.meta.update(task=str(entry.task), task_id=str(task_id or ""), entry=digest)
         if self.settings.track_tasks:
             await tracking.wait_task(self._core(), ctx, name, self.settings.track_timeout_ms)
 

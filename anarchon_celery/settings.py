@@ -1,31 +1,37 @@
 """The ``anarchon_*`` settings on ``app.conf``, checked once, and the store they name.
 
-===========================  ====================================================================
-setting                      meaning (default)
-===========================  ====================================================================
-``anarchon_backend``         store URL (the broker URL when it is ``redis://``/``valkey://``;
-                             otherwise required)
-``anarchon_prefix``          key prefix for Redis/Valkey (``anarchon:celery:``), RabbitMQ/NATS
-                             (``anarchon.celery.``); for SQL stores use ``?table=`` in the URL
-``anarchon_lease_ms``        lease of a claimed slot until its task is published (10 000)
-``anarchon_heartbeat_ms``    heartbeat period (a third of the lease)
-``anarchon_history_size``    runs kept per entry (1 000)
-``anarchon_history_ttl_ms``  also drop runs older than this (None)
-``anarchon_jitter_ms``       delay before claiming, per beat (core default: ≤ 1 s, ≤ 10 % of
-                             the period)
-``anarchon_max_late_ms``     a slot not claimed within this is skipped (core default)
-``anarchon_catch_up_ms``     after every beat was down, send the newest missed slot within this
-                             once (0)
-``anarchon_max_attempts``    takeovers of a slot whose beat died before publishing (3)
-``anarchon_instance_id``     name of this beat in history (``beat@<host>:<pid>``)
-``anarchon_track_tasks``     keep the slot's lease until its task finished on a worker (False)
-``anarchon_track_timeout_ms`` longest a tracked task holds its slot (3 600 000)
-``anarchon_publish_threads`` threads publishing tasks (1)
-``anarchon_metrics_port``    serve the beat's Prometheus metrics on this port (None: off)
-``anarchon_metrics_addr``    address for the metrics port (``0.0.0.0``)
-``anarchon_log_format``      ``"json"``: the beat's ``anarchon.*`` log lines as one JSON object
-                             per line with the run's fields (``"text"``)
-===========================  ====================================================================
+===============================  ==================================================================
+setting                          meaning (default)
+===============================  ==================================================================
+``anarchon_backend``             store URL (the broker URL when it is ``redis://``/``valkey://``;
+                                 otherwise required)
+``anarchon_prefix``              key prefix for Redis/Valkey (``anarchon:celery:``), RabbitMQ/NATS
+                                 (``anarchon.celery.``); for SQL stores use ``?table=`` in the URL
+``anarchon_lease_ms``            lease of a claimed slot until its task is published (10 000)
+``anarchon_heartbeat_ms``        heartbeat period (a third of the lease)
+``anarchon_history_size``        runs kept per entry (1 000)
+``anarchon_history_ttl_ms``      also drop runs older than this (None)
+``anarchon_jitter_ms``           delay before claiming, per beat (core default: ≤ 1 s, ≤ 10 % of
+                                 the period)
+``anarchon_max_late_ms``         a slot not claimed within this is skipped (core default)
+``anarchon_catch_up_ms``         after every beat was down, send the missed slots within this (0)
+``anarchon_catch_up``            which of them: ``"newest"`` once (default), ``"all"``, ``"none"``
+``anarchon_overlap``             with ``anarchon_track_tasks``, a slot due while the entry's task
+                                 runs: ``"skip"`` (default), ``"buffer_one"`` (sent when it ends),
+                                 ``"allow"``
+``anarchon_max_attempts``        takeovers of a slot whose beat died before publishing (3)
+``anarchon_instance_id``         name of this beat in history (``beat@<host>:<pid>``)
+``anarchon_track_tasks``         keep the slot's lease until its task finished on a worker (False)
+``anarchon_track_timeout_ms``    longest a tracked task holds its slot (3 600 000)
+``anarchon_publish_threads``     threads publishing tasks (1)
+``anarchon_metrics_port``        serve the beat's Prometheus metrics on this port (None: off)
+``anarchon_metrics_addr``        address for the metrics port (``0.0.0.0``)
+``anarchon_log_format``          ``"json"``: the beat's ``anarchon.*`` log lines as one JSON object
+                                 per line with the run's fields (``"text"``)
+``anarchon_database_schedules``  also send the ``anarchon_django.Schedule`` rows whose target
+                                 is a Celery task, polled every ``ANARCHON["SCHEDULES_POLL_MS"]``
+                                 (False; needs Django, see :mod:`anarchon_celery.dbschedules`)
+===============================  ==================================================================
 
 Any other ``anarchon_*`` key in the app's configuration is refused (a misspelled setting
 would otherwise be ignored silently), in every form Celery reads: ``anarchon_backend``,
@@ -59,7 +65,7 @@ SETTINGS = (
     *(f"anarchon_{name}" for name in JOB_OPTIONS),
     "anarchon_instance_id", "anarchon_track_tasks", "anarchon_track_timeout_ms",
     "anarchon_publish_threads", "anarchon_metrics_port", "anarchon_metrics_addr",
-    "anarchon_log_format",
+    "anarchon_log_format", "anarchon_database_schedules",
 )
 _OURS = "anarchon_"
 #: The core Scheduler's parameters that are settings here (its messages name them bare).
@@ -148,8 +154,11 @@ def _job_defaults(app: Any) -> dict[str, Any]:
     now_ms = int(time.time() * 1000)
     for name, value in defaults.items():
         if value is not None:
+            # Each setting alone first, so the error names it (catch_up is checked with a
+            # window: whether it has one is the combined check's part).
+            alone = {name: value, **({"catch_up_ms": 1} if name == "catch_up" else {})}
             try:
-                JobOptions.build(None, {name: value}, leases=True, now_ms=now_ms)
+                JobOptions.build(None, alone, leases=True, now_ms=now_ms)
             except ConfigError as exc:
                 raise ConfigError(f"{_OURS}{name}: {exc}") from None
     given = {k: v for k, v in defaults.items() if v is not None}
@@ -188,6 +197,7 @@ class Settings:
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     log_format: str = "text"
+    database_schedules: bool = False
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -229,6 +239,10 @@ class Settings:
         track = app.conf.get("anarchon_track_tasks", False)
         if not isinstance(track, bool):
             raise ConfigError(f"invalid anarchon_track_tasks {track!r}: expected True or False")
+        rows = app.conf.get("anarchon_database_schedules", False)
+        if not isinstance(rows, bool):
+            raise ConfigError(f"invalid anarchon_database_schedules {rows!r}: expected True "
+                              "or False")
         return cls(
             backend_url=url, prefix=prefix, lease_ms=lease,
             heartbeat_ms=None if beat is None else _int("anarchon_heartbeat_ms", beat,
@@ -248,6 +262,7 @@ class Settings:
                                _conf(app, "anarchon_metrics_addr", "0.0.0.0")),
             log_format=validate_log_format(_conf(app, "anarchon_log_format", "text"),
                                            setting="anarchon_log_format"),
+            database_schedules=rows,
         )
 
     def make_backend(self, *, read_only: bool = False) -> Backend:

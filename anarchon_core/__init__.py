@@ -43,6 +43,7 @@ from .scheduler import NotClaimed, Scheduler, run_forever
 from .schedules import CronSchedule, EverySchedule, Schedule
 from .schema import sql_schema
 from .slots import slot_from_datetime, slot_to_datetime
+from .sources import JobSource, SourcedJob, SourceSync
 from .sync import SyncScheduler
 from .url import backend_from_url, mask_url
 
@@ -92,6 +93,7 @@ __all__ = [
     "JobContext",
     "JobInfo",
     "JobOptions",
+    "JobSource",
     "JobStatus",
     "Lease",
     "LeaseLost",
@@ -109,6 +111,8 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "Script",
+    "SourceSync",
+    "SourcedJob",
     "SqliteBackend",
     "StoreError",
     "StoreFormatError",

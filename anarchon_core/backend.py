@@ -230,6 +230,18 @@ class Backend(abc.ABC):
         found = await asyncio.gather(*(newest(job) for job in jobs))
         return dict(zip(jobs, found, strict=True))
 
+    async def slot_states(self, slots: Sequence[tuple[str, int]]
+                          ) -> dict[tuple[str, int], str] | None:
+        """The status of the newest attempt of each scheduled ``(job, slot)`` on record.
+
+        A read that writes nothing, made by a later contender of a slot (see
+        :mod:`anarchon_core.contenders`) to learn whether it was claimed: slots without a
+        record, or whose record is not readable, are left out (the claim that follows
+        decides, and reports a corrupt record). ``None``: this store cannot tell cheaply,
+        so the caller claims instead. Lease stores answer in one round trip.
+        """
+        return None
+
     async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
         """Runs of ``job`` still ``running`` whose lease expired (by the store's clock).
 

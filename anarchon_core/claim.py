@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .clocks import SYSTEM_CLOCK, Clock
 from .errors import Cancelled, LeaseLost, StoreUnavailable
 from .events import EventBus, EventKind, run_fields
 from .health import StoreHealth
@@ -62,6 +62,10 @@ _EVENTS_LOCK = threading.Lock()
 #: The shortest wait for one end-record call whose answer is late.
 _END_CALL_S = 1.0
 
+
+#: Why a handle fences itself when the store refuses its heartbeat.
+REFUSED = ("heartbeat refused: another attempt took over, a later slot cancelled this "
+           "run (overlap cancel_other), or it has ended")
 
 @dataclass(frozen=True)
 class LeaseTimings:
@@ -99,8 +103,11 @@ class ClaimHandle:
 
     def __init__(self, *, backend: Backend, ref: RunRef, runner: str,
                  timings: LeaseTimings | None, sent_at: float,
-                 events: EventBus | None = None, health: StoreHealth | None = None) -> None:
+                 events: EventBus | None = None, health: StoreHealth | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.backend = backend
+        #: The local clocks this handle reckons its lease on (the scheduler's).
+        self.clock = clock
         self._events = events if events is not None else EventBus(runner)
         self._health = health if health is not None else StoreHealth(self._events,
                                                                      backend.describe())
@@ -132,6 +139,8 @@ class ClaimHandle:
         self._wake: asyncio.Future[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
+        #: The store refused a heartbeat: see :meth:`release_refused`.
+        self._refused = False
         #: An end record (finish/release) is on its way: a heartbeat refused meanwhile is
         #: the store seeing that end, not another attempt.
         self._ending = False
@@ -145,7 +154,7 @@ class ClaimHandle:
             # Most runs end before their first heartbeat is due: the keeper task starts
             # only then (and always before the fence deadline, which it watches).
             delay = max(0.0, min(self._next_beat, self._confirmed_until - self._margin_s)
-                        - time.monotonic())
+                        - self.clock.monotonic())
             self._keeper_start = KeeperStarts.for_loop(self.loop).add(self, delay)
 
     # ------------------------------------------------------------------ identity
@@ -200,7 +209,7 @@ class ClaimHandle:
 
     @property
     def lease_deadline(self) -> float | None:
-        """``time.monotonic()`` instant at which this handle fences itself (None: no lease)."""
+        """Monotonic instant at which this handle fences itself (None: no lease)."""
         if self.timings is None:
             return None
         return self._confirmed_until - self._margin_s
@@ -216,7 +225,7 @@ class ClaimHandle:
         """
         deadline = self.lease_deadline
         if not self.fenced and not self.ended and deadline is not None and \
-                time.monotonic() >= deadline:
+                self.clock.monotonic() >= deadline:
             self._fence("the claim's answer came after its lease could be confirmed")
         return self.fenced
 
@@ -278,7 +287,7 @@ class ClaimHandle:
         period = self.timings.heartbeat_ms / 1000
         loop = self.loop
         while not self._closing:
-            now = time.monotonic()
+            now = self.clock.monotonic()
             deadline = self._confirmed_until - self._margin_s
             if now >= deadline and not self._ending:
                 self._fence("lease not confirmed in time: the store may be unreachable")
@@ -302,7 +311,7 @@ class ClaimHandle:
 
     async def _heartbeat_once(self, period: float) -> None:
         assert self.timings is not None
-        sent = time.monotonic()
+        sent = self.clock.monotonic()
         accepted: bool | None = None
         try:
             accepted = await self.backend.heartbeat(self.ref, self.timings.lease_ms)
@@ -326,10 +335,12 @@ class ClaimHandle:
             self._next_beat = sent + period
         elif accepted is False:
             if not self._closing and not self._ending:
-                self._fence("heartbeat rejected: another attempt took over")
+                self._refused = True
+                self._fence(REFUSED)
         else:
             # Try again soon: every confirmed heartbeat pushes the fence further away.
-            self._next_beat = time.monotonic() + min(period, retry_delay(self._beat_failures))
+            self._next_beat = self.clock.monotonic() + min(period,
+                                                           retry_delay(self._beat_failures))
         self._wake_keeper()
 
     async def check_lease(self) -> None:
@@ -343,7 +354,7 @@ class ClaimHandle:
         self.raise_if_cancelled()
         if self.timings is None:
             return
-        sent = time.monotonic()
+        sent = self.clock.monotonic()
         deadline = self.lease_deadline
         if deadline is not None and sent >= deadline and not self.ended:
             self._fence("lease not confirmed in time")
@@ -357,7 +368,8 @@ class ClaimHandle:
         self._health.succeeded("heartbeat", sent)
         if not accepted:
             if not self.ended:
-                self._fence("heartbeat rejected: another attempt took over")
+                self._refused = True
+                self._fence(REFUSED)
             self.raise_if_cancelled()
             raise LeaseLost(f"{self._label()}: the run has ended")
         self._confirmed_until = max(self._confirmed_until, sent + self.timings.lease_ms / 1000)
@@ -378,7 +390,7 @@ class ClaimHandle:
         deadline = self.lease_deadline
         if deadline is None:
             return await call
-        timeout = max(0.0, deadline - time.monotonic())
+        timeout = max(0.0, deadline - self.clock.monotonic())
         if self._ending and self.timings is not None:
             # Recording the end of code that has returned: late is still useful (the store
             # refuses it if another attempt took over), only a hung call is cut.
@@ -457,6 +469,24 @@ class ClaimHandle:
         return await self._end(self.backend.release, (self.ref,), "handed over", "release",
                                outcome={"status": "interrupted", "error": "handed over"})
 
+    async def release_refused(self) -> bool:
+        """After the store refused a heartbeat and the code has stopped: release, once.
+
+        Only a run a later slot cancelled (overlap ``cancel_other``) still holds this
+        token in the store: the release ends its lease, so that slot starts now instead of
+        after the lease. For any other refusal the store refuses the release too. Best
+        effort: a failure leaves the lease to expire on its own.
+        """
+        if not self._refused or self.ended or self.timings is None:
+            return False
+        self.ended = True
+        try:
+            async with asyncio.timeout(self.timings.heartbeat_ms / 1000):
+                return await self.backend.release(self.ref)
+        except (StoreUnavailable, TimeoutError) as exc:
+            log.debug("%s: release after the refusal failed: %s", self._label(), exc)
+            return False
+
     async def _end(self, send: Callable[..., Awaitable[bool]], args: tuple[Any, ...],
                    what: str, name: str = "finish",
                    outcome: Mapping[str, Any] | None = None) -> bool:
@@ -465,11 +495,11 @@ class ClaimHandle:
         # take over either, and the first record after it is back keeps the run from being
         # run again. Tries go on for a bounded time, quickly, heartbeats beside them.
         lease_s = self.timings.lease_ms / 1000 if self.timings else 0.0
-        give_up = time.monotonic() + max(_CLAIM_ONLY_END_RETRY_S, 2 * lease_s)
+        give_up = self.clock.monotonic() + max(_CLAIM_ONLY_END_RETRY_S, 2 * lease_s)
         tries = 0
         self._ending = True
         while True:
-            sent = time.monotonic()
+            sent = self.clock.monotonic()
             try:
                 accepted = await self._bounded(send(*args), "recording the end")
                 self._health.succeeded(name, sent)
@@ -479,7 +509,7 @@ class ClaimHandle:
                 tries += 1
                 delay = min(retry_delay(tries), _END_RETRY_MAX_S) if self.timings \
                     else retry_delay(tries)
-                if self.fenced or time.monotonic() + delay > give_up:
+                if self.fenced or self.clock.monotonic() + delay > give_up:
                     log.error("%s: could not record its end (%s): %s", self._label(), what, exc,
                               extra=self._fields())
                     self._stop_keeping()
@@ -502,7 +532,7 @@ class ClaimHandle:
         self.ended = True
         self._stop_keeping()
         if log.isEnabledFor(logging.INFO):
-            took = round((time.monotonic() - self._sent_at) * 1000)
+            took = round((self.clock.monotonic() - self._sent_at) * 1000)
             log.info("%s: %s", self._label(), what,
                      extra={**self._fields(), **(outcome or {}), "duration_ms": took})
         if name == "release":

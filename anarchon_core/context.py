@@ -37,6 +37,10 @@ class JobContext:
         self.manual = handle.manual
         #: A small str → str mapping stored with this attempt's end (``Run.meta``).
         self.meta: dict[str, str] = handle.meta
+        #: How many missed slots this run stands for when it catches up after downtime
+        #: (``catch_up``: all of them for ``"newest"``, 1 for each run of ``"all"``); 0 for a
+        #: run at its own time.
+        self.missed_count = _missed_count(handle.meta)
 
     @property
     def scheduled_at(self) -> datetime:
@@ -96,3 +100,8 @@ class JobContext:
     def __repr__(self) -> str:
         return (f"<JobContext {self.job} slot={self.slot} attempt={self.attempt}"
                 f"{' manual' if self.manual else ''}>")
+
+
+def _missed_count(meta: dict[str, str]) -> int:
+    text = meta.get("missed_count", "0")
+    return int(text) if text.isdigit() else 0

@@ -19,19 +19,51 @@ none                   a ``missed`` request (accounting for a    record ``missed
 none                   first attempt claimed later than          record ``skipped``
                        ``max_late_ms`` after the slot            (late) → ``late``
 none                   another run of the job holds a live       record ``skipped``
-                       lease and ``overlap`` is off              (overlap) → ``overlap``
+                       lease, overlap ``skip``                   (overlap) → ``overlap``
+none                   another run holds a live lease and one    record ``skipped``
+                       waits already, overlap ``buffer_one``     (buffered) → ``overlap``
+none                   another run of the job holds a live       attempt 1 waiting
+                       lease, overlap ``buffer_one``             → ``buffered``
+none                   another run of the job holds a live       mark the live runs
+                       lease, overlap ``cancel_other``           cancelled, attempt 1
+                                                                 waiting → ``buffered``
 none                   otherwise                                 attempt 1 → ``won``
 finished (any status)                                            none → ``done``
 running                a ``missed`` request                      none → ``running``
+running                the caller's own token, cancelled         mark ``interrupted``
+                                                                 for good → ``done``
+running                the caller's own token, waiting, another  none → ``buffered``
+                       run holds a live lease
+running                the caller's own token, waiting, no       start the waiting
+                       other run live                            attempt → ``won``
 running                the caller's own token (a claim retried   none → ``won``
                        after its answer was lost)                (same attempt)
 running                lease in the future                       none → ``running``
+running                lease expired, cancelled                  mark ``interrupted``
+                                                                 for good → ``done``
+running                lease expired, waiting, attempt <         mark attempt
+                       max_attempts, another run holds a live    ``interrupted``,
+                       lease                                     attempt+1 waiting →
+                                                                 ``buffered``
+running                lease expired, another run holds a live   none → ``running``
+                       lease, overlap not ``allow``              (taken over once it
+                                                                 ends)
 running                lease expired, attempt < max_attempts     mark attempt
                                                                  ``interrupted``, store
                                                                  attempt+1 → ``won``
 running                lease expired, no attempts left           mark ``interrupted``
                                                                  for good → ``done``
 =====================  ========================================  =====================
+
+"Waiting" and "cancelled" are notes in the running attempt's error (:data:`WAITING`,
+:data:`WAITING_HANDED_OVER`, :data:`CANCELLED`): a waiting attempt holds its slot's lease
+while another run of the job ends, and starts (its error cleared, a fresh lease) on its
+holder's next claim once no other run's lease is live. A ``cancel_other`` claim marks every
+other live run of the job :data:`CANCELLED`: their heartbeats are refused from then on, so
+their runners stop their code and release, and the new slot starts once no lease of theirs
+is live. A run whose lease expired while another run of the job is live is not taken over
+until that run has ended unless the job allows overlap, so no two runs of a job run at
+once but under ``allow``.
 
 A live lease, in the overlap row, ends after the store's clock and no more than
 :data:`MAX_LEASE_AHEAD_MS` after it (the longest ``lease_ms``, one day, plus an hour for a
@@ -56,11 +88,11 @@ the rule; the SQL statements and the Redis ``lease_update`` script apply the sam
 update                 acts when the current attempt is          write → answer
 =====================  ========================================  =====================
 heartbeat              ``running``, the caller's token, not      lease = now + lease
-                       released                                  → ``True``
+                       released nor cancelled                    → ``True``
 finish                 ``running``, the caller's token, not      the end → ``True``
-                       released
+                       released nor cancelled
 release                ``running``, the caller's token           lease = now, error
-                                                                 :data:`HANDED_OVER`
+                                                                 :func:`released_error`
                                                                  → ``True``
 any                    otherwise                                 none → ``False``
 =====================  ========================================  =====================
@@ -74,12 +106,22 @@ from dataclasses import dataclass
 from .models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest
 from .options import MAX_LEASE_MS
 
-__all__ = ["MAX_LEASE_AHEAD_MS", "Action", "Decision", "RunState", "decide", "lease_is_live",
-           "needs_overlap_check", "update_applies"]
+__all__ = ["CANCELLED", "MAX_LEASE_AHEAD_MS", "WAITING", "WAITING_HANDED_OVER", "Action",
+           "Decision", "RunState", "decide", "lease_is_live", "needs_overlap_check",
+           "released_error", "update_applies"]
 
 LEASE_EXPIRED = "lease expired: the runner stopped heartbeating"
 GAVE_UP = "lease expired: the runner stopped heartbeating; max_attempts reached"
 HANDED_OVER = "handed over: the runner was stopping"
+#: The error notes of a running attempt that waits (overlap ``buffer_one``/``cancel_other``).
+WAITING = "buffered: waits for another run of this job to end"
+WAITING_HANDED_OVER = "buffered: handed over by a stopping instance while waiting"
+#: The error note of a run a later slot's ``cancel_other`` claim replaces.
+CANCELLED = "cancelled: a later slot of this job replaces it (overlap cancel_other)"
+#: Why a slot is skipped under ``buffer_one`` when another slot is buffered already.
+ALREADY_BUFFERED = "overlap: another slot of this job is buffered already"
+#: Notes that end an attempt's right to heartbeat or finish (see :func:`update_applies`).
+FINAL_NOTES = (HANDED_OVER, WAITING_HANDED_OVER, CANCELLED)
 #: How far ahead of the store's clock a first claim may come (an instance's clock error).
 EARLY_TOLERANCE_MS = 1_000
 OVERLAP_SKIP = "overlap: an earlier run of this job still holds a live lease"
@@ -97,6 +139,8 @@ class Action(str, enum.Enum):
 
     NONE = "none"
     START = "start"            # insert attempt `attempt` (after marking attempt-1 interrupted)
+    WAIT = "wait"              # START, with the attempt's error noted WAITING
+    RESUME = "resume"          # the waiting attempt starts: error cleared, lease renewed
     SKIP = "skip"              # record the run as skipped with `error`
     GIVE_UP = "give_up"        # mark the current attempt interrupted for good with `error`
 
@@ -109,6 +153,13 @@ class RunState:
     token: str
     status: str
     lease_until_ms: int | None
+    #: The running attempt's error note (:data:`HANDED_OVER`, :data:`WAITING`, ...).
+    error: str | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the attempt waits for another run (overlap ``buffer_one``/``cancel_other``)."""
+        return self.error in (WAITING, WAITING_HANDED_OVER)
 
 
 @dataclass(frozen=True)
@@ -122,6 +173,8 @@ class Decision:
     lease_until_ms: int | None = None
     #: The status a ``SKIP`` records: ``skipped``, or ``missed`` for a missed request.
     status: str = "skipped"
+    #: Mark every other live run of the job :data:`CANCELLED` (overlap ``cancel_other``).
+    cancel_others: bool = False
 
 
 #: The lease updates of :func:`update_applies`.
@@ -138,7 +191,20 @@ def update_applies(update: str, status: str, error: str | None, token_matches: b
         raise ValueError(f"unknown lease update {update!r}: expected one of {UPDATES}")
     if status != "running" or not token_matches:
         return False
-    return update == "release" or error != HANDED_OVER
+    return update == "release" or error not in FINAL_NOTES
+
+
+def released_error(error: str | None) -> str:
+    """The error note a release leaves on the running attempt whose note was ``error``.
+
+    :data:`HANDED_OVER`; a waiting attempt's :data:`WAITING_HANDED_OVER` (it still waits
+    when taken over); a cancelled one stays :data:`CANCELLED` (it is never taken over).
+    """
+    if error == CANCELLED:
+        return CANCELLED
+    if error in (WAITING, WAITING_HANDED_OVER):
+        return WAITING_HANDED_OVER
+    return HANDED_OVER
 
 
 def lease_is_live(lease_until_ms: int | None, now_ms: int) -> bool:
@@ -151,8 +217,19 @@ def lease_is_live(lease_until_ms: int | None, now_ms: int) -> bool:
 
 
 def needs_overlap_check(request: ClaimRequest, state: RunState | None) -> bool:
-    """Whether :func:`decide` needs to know if another run holds a live lease."""
-    return state is None and not request.overlap
+    """Whether :func:`decide` needs to know of the job's other live runs.
+
+    A first claim under any policy but ``allow``; a waiting attempt's own claim; a
+    takeover (the caller cannot know here whether the lease expired: the store's clock
+    decides, so any claim of a running attempt that is not the caller's asks).
+    """
+    if state is None:
+        return request.policy != "allow"
+    if state.status != "running" or request.missed is not None:
+        return False
+    if state.token == request.token:
+        return state.waiting
+    return request.policy != "allow" or state.waiting
 
 
 def late_error(request: ClaimRequest, now_ms: int) -> str:
@@ -177,14 +254,16 @@ def not_run(request: ClaimRequest, now_ms: int) -> tuple[str, str] | None:
 
 
 def decide(
-    request: ClaimRequest, state: RunState | None, now_ms: int, other_live: bool = False
+    request: ClaimRequest, state: RunState | None, now_ms: int, other_live: bool = False,
+    other_waiting: bool = False,
 ) -> Decision:
     """Apply the lease decision table (see the module docstring).
 
     ``now_ms`` is the store's clock. ``other_live`` tells whether another run of the same
-    job holds a live lease (:func:`lease_is_live`); it is read only when
-    :func:`needs_overlap_check` says so.
+    job holds a live lease (:func:`lease_is_live`), ``other_waiting`` whether one of those
+    is a waiting attempt; they are read only when :func:`needs_overlap_check` says so.
     """
+    policy = request.policy
     if state is None:
         if request.slot > now_ms + EARLY_TOLERANCE_MS and not request.manual:
             return Decision(ClaimOutcome.EARLY)
@@ -193,9 +272,17 @@ def decide(
                             status="missed")
         if request.max_late_ms is not None and now_ms > request.slot + request.max_late_ms:
             return Decision(ClaimOutcome.LATE, Action.SKIP, 1, late_error(request, now_ms))
-        if not request.overlap and other_live:
+        lease_until = now_ms + request.lease_ms
+        if other_live and policy == "skip":
             return Decision(ClaimOutcome.OVERLAP, Action.SKIP, 1, OVERLAP_SKIP)
-        return Decision(ClaimOutcome.WON, Action.START, 1, None, now_ms + request.lease_ms)
+        if other_live and policy == "buffer_one":
+            if other_waiting:
+                return Decision(ClaimOutcome.OVERLAP, Action.SKIP, 1, ALREADY_BUFFERED)
+            return Decision(ClaimOutcome.BUFFERED, Action.WAIT, 1, WAITING, lease_until)
+        if other_live and policy == "cancel_other":
+            return Decision(ClaimOutcome.BUFFERED, Action.WAIT, 1, WAITING, lease_until,
+                            cancel_others=True)
+        return Decision(ClaimOutcome.WON, Action.START, 1, None, lease_until)
     if state.status in FINISHED_STATUSES or state.status != "running":
         # An unknown status (a corrupt or foreign record) is never taken over: the run
         # may be executing; the backend reports the record and the job's other runs go on.
@@ -204,12 +291,30 @@ def decide(
         return Decision(ClaimOutcome.RUNNING, attempt=state.attempt,
                         lease_until_ms=state.lease_until_ms)
     if state.token == request.token:
+        if state.error == CANCELLED:
+            return Decision(ClaimOutcome.DONE, Action.GIVE_UP, state.attempt, CANCELLED)
+        if state.waiting:
+            if other_live:
+                return Decision(ClaimOutcome.BUFFERED, Action.NONE, state.attempt, None,
+                                state.lease_until_ms)
+            return Decision(ClaimOutcome.WON, Action.RESUME, state.attempt, None,
+                            now_ms + request.lease_ms)
         return Decision(ClaimOutcome.WON, Action.NONE, state.attempt, None, state.lease_until_ms)
     if state.lease_until_ms is not None and state.lease_until_ms > now_ms:
         return Decision(
             ClaimOutcome.RUNNING, attempt=state.attempt, lease_until_ms=state.lease_until_ms
         )
-    if state.attempt < request.max_attempts:
+    if state.error == CANCELLED:
+        return Decision(ClaimOutcome.DONE, Action.GIVE_UP, state.attempt, CANCELLED)
+    can_retry = state.attempt < request.max_attempts
+    if state.waiting and can_retry and other_live:
+        return Decision(ClaimOutcome.BUFFERED, Action.WAIT, state.attempt + 1, WAITING,
+                        now_ms + request.lease_ms)
+    if other_live and policy != "allow" and not state.waiting:
+        # Taken over once that run has ended (its backups and orphan recovery claim on).
+        return Decision(ClaimOutcome.RUNNING, attempt=state.attempt,
+                        lease_until_ms=state.lease_until_ms)
+    if can_retry:
         return Decision(
             ClaimOutcome.WON, Action.START, state.attempt + 1, LEASE_EXPIRED,
             now_ms + request.lease_ms,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,8 @@ if TYPE_CHECKING:
     from .schedules import Schedule
     from .supervision import LoopGuard
 
-__all__ = ["MISSED_DOWN", "MISSED_STORE", "MissedSlots"]
+__all__ = ["CATCH_UP_ALL_MAX", "MISSED_DOWN", "MISSED_STORE", "MissedSlots", "catch_up_slots",
+           "slots_between"]
 
 log = logging.getLogger("anarchon.scheduler")
 
@@ -41,6 +41,8 @@ MISSED_PER_JOB = 100
 SCAN_CHUNK = 200
 MARGIN_MS = 1_000
 PAGE = 1_000
+#: ``catch_up="all"`` runs at most this many missed slots of a job per start (the newest).
+CATCH_UP_ALL_MAX = 1_000
 
 
 class MissedSlots:
@@ -83,8 +85,11 @@ class MissedSlots:
             last = newest.get(job.name)
             if last is not None and job.schedule is not None:
                 with guard.item(f"job {job.name!r}"):
+                    # catch_up="all" runs its window's slots: not missed, only late.
+                    caught = set(catch_up_slots(job, job.schedule, now)) \
+                        if job.options.catch_up == "all" else set()
                     pending += [(job, slot) for slot in slots_between(
-                        job.schedule, last, now, MISSED_PER_JOB)]
+                        job.schedule, last, now, MISSED_PER_JOB) if slot not in caught]
         if pending:
             closes = max(slot + max(j.options.max_late_ms, j.options.catch_up_ms)
                          + j.options.jitter_ms for j, slot in pending) + MARGIN_MS
@@ -99,7 +104,7 @@ class MissedSlots:
             part = pending[start:start + PAGE]
             requests = [dataclasses.replace(self._request(job, slot), missed=reason)
                         for job, slot in part]
-            sent = time.monotonic()
+            sent = self._health.clock.monotonic()
             results = await self._backend.claim_many(requests)
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:
@@ -124,3 +129,12 @@ def slots_between(schedule: Schedule, after: int, upto: int, limit: int) -> list
         out.append(at)
         at = schedule.latest_at_or_before(at - 1)
     return out[::-1]
+
+
+def catch_up_slots(job: RegisteredJob, schedule: Schedule, now: int) -> list[int]:
+    """The slots within the job's ``catch_up_ms`` before ``now``, oldest first.
+
+    At most :data:`CATCH_UP_ALL_MAX` (the newest). A start's catch-up claims them; those
+    that ran, or run elsewhere, answer so.
+    """
+    return slots_between(schedule, now - job.options.catch_up_ms - 1, now, CATCH_UP_ALL_MAX)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -48,9 +47,11 @@ class Attempt:
         self.threads = threads
         #: How long an async handler asked to stop may run before it is cancelled.
         self.stop_grace_s = stop_grace_s
-        self.is_async = inspect.iscoroutinefunction(handler)
+        # A callable object with an ``async def __call__`` is an async handler too.
+        self.is_async = inspect.iscoroutinefunction(handler) or \
+            inspect.iscoroutinefunction(type(handler).__call__)
         self.ctx = JobContext(handle, instance_id)
-        self.started_at = time.time()
+        self.started_at = self.handle.clock.time()
         self.finished_at: float | None = None
         self.status = "running"
         self.error: str | None = None
@@ -155,7 +156,7 @@ class Attempt:
             # Won too late to be sure of the lease: the code never starts, nothing is
             # recorded (a backup takes the slot over once the lease has expired).
             self.status, self.error = "interrupted", "lease lost"
-            self.finished_at = time.time()
+            self.finished_at = self.handle.clock.time()
             return
         if log.isEnabledFor(logging.INFO):
             log.info("%s slot %s attempt %s: started on %s", ref.job, ref.slot, ref.attempt,
@@ -180,6 +181,7 @@ class Attempt:
             self.status, self.error = handle.end_status
             return
         if handle.fenced:
+            await handle.release_refused()
             return
         try:
             if self.status == "interrupted" and handle.timings is not None:
@@ -284,7 +286,7 @@ class Attempt:
                           exc_info=exc)
         else:
             self.status, self.error = "failed", "cancelled"
-        self.finished_at = time.time()
+        self.finished_at = self.handle.clock.time()
 
     def as_run(self) -> Run:
         """The attempt as a history entry, as this instance saw it."""

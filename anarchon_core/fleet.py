@@ -40,7 +40,7 @@ from .models import Run
 from .naming import validate_job_name
 from .options import JobOptions
 from .records import MAX_COUNT, corrupt, record_int, record_map, record_ms, record_text
-from .schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
+from .schedules import CronSchedule, DstRule, EverySchedule, Schedule, ms_to_datetime
 from .slots import MAX_SLOT
 
 __all__ = [
@@ -121,7 +121,8 @@ class JobDefinition:
     schedule: str
     digest: str
     #: Enough to compute the next slot elsewhere: {"every": ms, "offset": ms} or
-    #: {"cron": expression, "tz": zone}; empty for a schedule anarchon does not know.
+    #: {"cron": expression, "tz": zone}, with "dst": "<fall_back>,<spring_forward>" when
+    #: the job chose its DST rule; empty for a schedule anarchon does not know.
     spec: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -134,12 +135,22 @@ class JobDefinition:
             spec = {"every": schedule.interval_ms, "offset": schedule.offset_ms}
         elif isinstance(schedule, CronSchedule):
             spec = {"cron": schedule.expression, "tz": schedule.tz}
-        deciding = f"{text}|overlap={options.overlap}|max_attempts={options.max_attempts}" \
+            if schedule.dst_given:
+                spec["dst"] = str(schedule.dst)
+        # skip and allow read as the booleans they were, so a fleet in the middle of an
+        # upgrade does not report every job as defined differently.
+        overlap = {"skip": False, "allow": True}.get(options.overlap, options.overlap)
+        deciding = f"{text}|overlap={overlap}|max_attempts={options.max_attempts}" \
                    f"|timeout_ms={options.timeout_ms}"
         return cls(name, text, hashlib.sha1(deciding.encode()).hexdigest()[:10], spec)
 
     def next_slot(self, after_ms: int) -> int | None:
-        """The first slot after ``after_ms`` (None if the schedule cannot be rebuilt)."""
+        """The first slot after ``after_ms`` (None if the schedule cannot be rebuilt).
+
+        A ``dst`` this version cannot read (a newer anarchon's choice, a corrupt record)
+        is reported once at WARNING, naming it, and the slot is None: the default rule
+        might give another slot than the instance that wrote it.
+        """
         slot: int | None = None
         try:
             if "every" in self.spec:
@@ -148,12 +159,26 @@ class JobDefinition:
                 slot = EverySchedule(timedelta(milliseconds=every),
                                      timedelta(milliseconds=offset)).next_after(after_ms)
             elif "cron" in self.spec:
-                slot = CronSchedule(record_text(self.spec["cron"], "cron", limit=200),
-                                    record_text(self.spec.get("tz", "UTC"), "tz", limit=100)
-                                    ).next_after(after_ms)
+                expression = record_text(self.spec["cron"], "cron", limit=200)
+                zone = record_text(self.spec.get("tz", "UTC"), "tz", limit=100)
+                slot = CronSchedule(expression, zone, self._dst()).next_after(after_ms)
         except (ConfigError, ValueError, TypeError, OverflowError):
             return None
         return slot if slot is not None and slot <= MAX_SLOT else None
+
+    def _dst(self) -> str | None:
+        """The record's ``dst`` (None without one); ValueError, reported once, if unreadable."""
+        dst = self.spec.get("dst")
+        if dst is None:
+            return None
+        try:
+            text = record_text(dst, "dst", limit=100)
+            DstRule.parse(text, wildcard=False)
+        except (ConfigError, ValueError) as exc:
+            corrupt_records.report("a job definition", self.name, repr(dict(self.spec)),
+                                   f"unknown dst {dst!r}, its next slot is not shown: {exc}")
+            raise ValueError(f"unknown dst {dst!r}") from None
+        return text
 
 
 def encode_jobs(definitions: Iterable[JobDefinition]) -> str:
@@ -198,12 +223,18 @@ class InstanceInfo:
     seen_at_ms: int
     expires_at_ms: int
     jobs: int
+    #: The digest of the jobs it fires (:func:`~anarchon_core.contenders.group_digest`):
+    #: instances of one group share each slot's contenders. None: it claims every slot.
+    group: str | None = None
 
     def encode(self) -> str:
         """The text of an ``instance:<id>`` record."""
-        return json.dumps({"version": self.version, "started": self.started_at_ms,
-                           "seen": self.seen_at_ms, "expires": self.expires_at_ms,
-                           "jobs": self.jobs})
+        data: dict[str, Any] = {"version": self.version, "started": self.started_at_ms,
+                                "seen": self.seen_at_ms, "expires": self.expires_at_ms,
+                                "jobs": self.jobs}
+        if self.group is not None:
+            data["group"] = self.group
+        return json.dumps(data)
 
     @classmethod
     def decode(cls, instance_id: str, text: str) -> InstanceInfo:
@@ -214,7 +245,9 @@ class InstanceInfo:
                        record_ms(data["started"], "started", lo=0),
                        record_ms(data["seen"], "seen", lo=0),
                        record_ms(data["expires"], "expires", lo=0),
-                       record_int(data.get("jobs", 0), "jobs", 0, MAX_COUNT))
+                       record_int(data.get("jobs", 0), "jobs", 0, MAX_COUNT),
+                       None if data.get("group") is None
+                       else record_text(data["group"], "group", limit=100))
         except (KeyError, ValueError, TypeError, RecursionError) as exc:
             raise corrupt(INSTANCE + instance_id, exc) from None
 

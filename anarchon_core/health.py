@@ -11,11 +11,11 @@ thousands of calls a second thus logs two lines per outage, not one per call.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from .clocks import SYSTEM_CLOCK, Clock
 from .errors import StoreUnavailable
 from .events import EventBus, EventKind
 
@@ -35,7 +35,10 @@ class StoreHealth:
     """Tracks whether the store answers, for one scheduler."""
 
     def __init__(self, events: EventBus, describe: str,
-                 on_recovered: Callable[[list[tuple[str, int]]], None] | None = None) -> None:
+                 on_recovered: Callable[[list[tuple[str, int]]], None] | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        #: The local clocks the tracker times calls on.
+        self.clock = clock
         self._events = events
         self._describe = describe
         #: Called after an outage with the (job, slot) pairs not run meanwhile.
@@ -46,7 +49,7 @@ class StoreHealth:
         #: line. Such a blip is logged at DEBUG unless it lasts.
         self._settling_until = 0.0
         self._quiet = False
-        #: ``time.monotonic()`` of the first failure of the current outage (None: up).
+        #: The monotonic instant of the first failure of the current outage (None: up).
         self.down_since: float | None = None
         self._failed_calls = 0
         self._missed: Counter[str] = Counter()
@@ -62,7 +65,7 @@ class StoreHealth:
         :class:`~anarchon_core.StoreUnavailable` is reported and raised again; any other
         answer (whatever it says) counts as the store answering.
         """
-        started = time.monotonic()
+        started = self.clock.monotonic()
         try:
             answer = await request
         except StoreUnavailable as exc:
@@ -73,7 +76,7 @@ class StoreHealth:
 
     def call_done(self, call: str, started: float, error: BaseException | None = None
                   ) -> None:
-        """Report a store call that started at ``started`` (``time.monotonic()``)."""
+        """Report a store call that started at ``started`` (the clock's monotonic time)."""
         if error is None:
             self.succeeded(call, started)
         else:
@@ -84,10 +87,10 @@ class StoreHealth:
         events = self._events
         if events and started is not None:
             events.emit(EventKind.STORE_CALL, call=call,
-                        duration_ms=(time.monotonic() - started) * 1000)
+                        duration_ms=(self.clock.monotonic() - started) * 1000)
         if self.down_since is None:
             return
-        length = time.monotonic() - self.down_since
+        length = self.clock.monotonic() - self.down_since
         failed, missed, slots = self._failed_calls, self._missed, self._missed_slots
         self.down_since, self._failed_calls, self._missed = None, 0, Counter()
         self._missed_slots = []
@@ -101,7 +104,7 @@ class StoreHealth:
                 "store %s reachable again after %.1f s (%d call(s) failed%s)",
                 self._describe, length, failed, unrun,
                 extra={"outage_s": round(length, 3), "failed_calls": failed})
-        self._settling_until = time.monotonic() + SETTLE_S
+        self._settling_until = self.clock.monotonic() + SETTLE_S
         events.emit(EventKind.STORE_RECOVERED, call=call, duration_ms=length * 1000)
         if slots and self.on_recovered is not None:
             self.on_recovered(slots)
@@ -111,17 +114,18 @@ class StoreHealth:
         events = self._events
         if events and started is not None:
             events.emit(EventKind.STORE_CALL, call=call,
-                        duration_ms=(time.monotonic() - started) * 1000, error=str(error))
+                        duration_ms=(self.clock.monotonic() - started) * 1000,
+                        error=str(error))
         self._failed_calls += 1
         if self.down_since is not None:
-            if self._quiet and time.monotonic() - self.down_since >= SETTLE_S:
+            if self._quiet and self.clock.monotonic() - self.down_since >= SETTLE_S:
                 # The blip lasts: it is an outage after all, say so once.
                 self._quiet = False
                 log.warning("store %s unreachable (%s: %s); calls are retried, the next "
                             "line comes when it answers again", self._describe, call, error,
                             extra={"call": call})
             return False
-        self.down_since = time.monotonic()
+        self.down_since = self.clock.monotonic()
         self._quiet = self.down_since < self._settling_until
         log.log(logging.DEBUG if self._quiet else logging.WARNING,
                 "store %s unreachable (%s: %s); calls are retried, the next line comes "

@@ -32,9 +32,16 @@ class RegisteredJob:
     on_takeover: Callable[[ClaimHandle], Any] | None = None
     #: ``define(schedule_text=...)``: what decides the timing of a job without a schedule.
     schedule_text: str | None = None
+    #: ``define(contenders=True)``: every instance of the fleet claims the job's slots from
+    #: its own timer, and contender sets decide which of them ask the store.
+    contends: bool = False
     #: The (slot, manual) runs this instance watches as a backup; made when first needed
     #: (thousands of jobs: one object fewer each for the collector to scan).
     watching: set[tuple[int, bool]] | None = None
+    #: Every slot up to this instant (store ms) was fired here, or left to catch-up at
+    #: start: re-arming after a change of contenders goes on from it, so no slot is
+    #: claimed twice here or passed over.
+    handled_ms: int | None = None
 
     def is_watching(self, key: tuple[int, bool]) -> bool:
         """Whether this instance already watches that run as a backup."""

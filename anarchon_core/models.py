@@ -75,6 +75,10 @@ class ClaimOutcome(str, enum.Enum):
     * ``EARLY``: the slot is still more than ``EARLY_TOLERANCE_MS`` in the future by the
       store's clock (the caller's clock is ahead or was stepped); nothing is recorded and
       the caller should claim again at the slot's time.
+    * ``BUFFERED``: another run of the job holds a live lease and the job's overlap policy
+      is ``buffer_one`` or ``cancel_other``: the caller holds this slot's lease (heartbeat
+      it) and claims again with the same token until the answer is ``won`` (the other run
+      ended) or ``done`` (this slot was cancelled in turn).
     """
 
     WON = "won"
@@ -85,6 +89,11 @@ class ClaimOutcome(str, enum.Enum):
     LATE = "late"
     EARLY = "early"
     PAUSED = "paused"
+    BUFFERED = "buffered"
+
+
+#: What a slot does when it comes due while another run of its job holds a live lease.
+OVERLAP_POLICIES = ("skip", "allow", "buffer_one", "cancel_other")
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,10 @@ class ClaimRequest:
     time, never to run it: if the run has no record, the store records it ``missed`` with
     that reason and answers ``late``; otherwise it answers ``done`` (or ``running``) and
     writes nothing. It never starts or takes over an attempt.
+
+    ``overlap`` is the job's overlap policy (:data:`OVERLAP_POLICIES`: ``"skip"``,
+    ``"allow"``, ``"buffer_one"``, ``"cancel_other"``); ``True`` and ``False`` stand for
+    ``"allow"`` and ``"skip"``.
     """
 
     job: str
@@ -109,10 +122,22 @@ class ClaimRequest:
     runner: str
     manual: bool = False
     lease_ms: int = 30_000
-    overlap: bool = False
+    overlap: str | bool = "skip"
     max_attempts: int = 3
     max_late_ms: int | None = None
     missed: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.overlap, bool):
+            object.__setattr__(self, "overlap", "allow" if self.overlap else "skip")
+        elif self.overlap not in OVERLAP_POLICIES:
+            raise ValueError(f"invalid overlap {self.overlap!r}: expected one of "
+                             f"{', '.join(OVERLAP_POLICIES)}")
+
+    @property
+    def policy(self) -> str:
+        """The overlap policy, a name of :data:`OVERLAP_POLICIES`."""
+        return str(self.overlap)
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,29 @@ from zoneinfo import ZoneInfo
 
 from .durations import MAX_DURATION_MS, format_ms, shown
 from .errors import ConfigError
+from .models import OVERLAP_POLICIES
 from .schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
 
 __all__ = [
-    "LEASE_ONLY_OPTIONS", "MAX_ATTEMPTS", "MAX_HISTORY_SIZE", "MAX_LEASE_MS", "MIN_HEARTBEAT_MS",
-    "MIN_LEASE_MS", "JobOptions", "default_jitter_ms", "default_max_late_ms", "smallest_gap_ms",
-    "validate_history", "validate_lease_timings",
+    "CATCH_UP_POLICIES",
+    "LEASE_ONLY_OPTIONS",
+    "MAX_ATTEMPTS",
+    "MAX_HISTORY_SIZE",
+    "MAX_LEASE_MS",
+    "MIN_HEARTBEAT_MS",
+    "MIN_LEASE_MS",
+    "JobOptions",
+    "default_jitter_ms",
+    "default_max_late_ms",
+    "overlap_policy",
+    "smallest_gap_ms",
+    "validate_history",
+    "validate_lease_timings",
 ]
 
-LEASE_ONLY_OPTIONS = ("overlap", "max_attempts", "catch_up_ms")
+LEASE_ONLY_OPTIONS = ("overlap", "max_attempts", "catch_up_ms", "catch_up")
+#: ``catch_up`` policies: what a start runs of the slots missed within ``catch_up_ms``.
+CATCH_UP_POLICIES = ("newest", "all", "none")
 _ALL_OPTIONS = ("timeout_ms", "jitter_ms", "max_late_ms", *LEASE_ONLY_OPTIONS)
 MAX_JITTER_MS = 1_000
 MAX_LATE_CAP_MS = 60_000
@@ -147,15 +161,19 @@ class JobOptions:
     capped at 60 s (at least ``jitter_ms`` + 1 s). Durations are whole milliseconds
     (an int or a :class:`~datetime.timedelta`) up to :data:`MAX_DURATION_MS` (3650 days);
     ``jitter_ms`` must be smaller than the smallest gap between the job's slots;
-    ``max_attempts`` is 1 to :data:`MAX_ATTEMPTS`.
+    ``max_attempts`` is 1 to :data:`MAX_ATTEMPTS`; ``overlap`` is a name of
+    :data:`~anarchon_core.models.OVERLAP_POLICIES` (``True``/``False`` given stand for
+    ``"allow"``/``"skip"``); ``catch_up`` is one of
+    :data:`CATCH_UP_POLICIES` (``"all"`` needs a ``catch_up_ms`` window).
     """
 
     timeout_ms: int | None = None
     jitter_ms: int = 0
     max_late_ms: int = 60_000
-    overlap: bool = False
+    overlap: str = "skip"
     max_attempts: int = 3
     catch_up_ms: int = 0
+    catch_up: str = "newest"
 
     @classmethod
     def build(cls, schedule: Schedule | None, given: dict[str, Any], *, leases: bool,
@@ -177,9 +195,11 @@ class JobOptions:
         if not leases:
             lease_only = [name for name in LEASE_ONLY_OPTIONS if name in given]
             if lease_only:
+                named = ", ".join(f"{n}={given[n]!r}" if n in ("overlap", "catch_up") else n
+                                  for n in lease_only)
                 raise ConfigError(
-                    f"option(s) {', '.join(lease_only)} need a lease backend (Redis/Valkey "
-                    "strategy 'lease', PostgreSQL, SQLite); this backend only claims"
+                    f"option(s) {named} need a lease backend (Redis/Valkey strategy "
+                    "'lease', PostgreSQL, SQLite); this backend only claims"
                 )
         gap = schedule.typical_gap_ms(now_ms) if schedule is not None else MAX_LATE_CAP_MS
         timeout = given.get("timeout_ms")
@@ -200,23 +220,47 @@ class JobOptions:
                 f"invalid max_late_ms {max_late!r}: must be at least jitter_ms ({jitter}), "
                 "or jittered claims would all be late"
             )
-        overlap = given.get("overlap", False)
-        if not isinstance(overlap, bool):
-            raise ConfigError(f"invalid overlap {shown(overlap)}: expected True or False")
+        overlap = overlap_policy(given.get("overlap", "skip"))
         attempts = given.get("max_attempts", 3)
         if isinstance(attempts, bool) or not isinstance(attempts, int) or \
                 not 1 <= attempts <= MAX_ATTEMPTS:
             raise ConfigError(
                 f"invalid max_attempts {shown(attempts)}: expected an int ≥ 1 and ≤ "
                 f"{MAX_ATTEMPTS}")
-        catch_up = _ms("catch_up_ms", given.get("catch_up_ms", 0))
+        catch_up_ms = _ms("catch_up_ms", given.get("catch_up_ms", 0))
+        catch_up = given.get("catch_up", "newest")
+        if not isinstance(catch_up, str) or catch_up not in CATCH_UP_POLICIES:
+            raise ConfigError(f"invalid catch_up {shown(catch_up)}: expected one of "
+                              f"{', '.join(map(repr, CATCH_UP_POLICIES))}")
+        if catch_up == "all" and not catch_up_ms:
+            raise ConfigError("catch_up='all' needs catch_up_ms, the window whose missed "
+                              "slots are run (e.g. catch_up_ms=3_600_000 for an hour)")
+        values = (timeout, jitter, max_late, overlap, attempts, catch_up_ms, catch_up)
         if cls is not JobOptions:
-            return cls(timeout, jitter, max_late, overlap, attempts, catch_up)
-        return _shared_options(timeout, jitter, max_late, overlap, attempts, catch_up)
+            return cls(*values)
+        return _shared_options(*values)
 
     def as_dict(self) -> dict[str, Any]:
         """The options as a plain dict (for :class:`JobInfo`)."""
         return asdict(self)
+
+
+def overlap_policy(value: object) -> str:
+    """The overlap policy named by ``value`` (``True``: ``"allow"``, ``False``: ``"skip"``)."""
+    if value is True:
+        return "allow"
+    if value is False:
+        return "skip"
+    if isinstance(value, str) and value in OVERLAP_POLICIES:
+        return value
+    if value == "buffer_all":
+        raise ConfigError(
+            "overlap='buffer_all' is not offered: a queue of buffered slots would need its "
+            "order kept in the store; use 'buffer_one' (the slots due meanwhile run once, "
+            "late) or catch_up='all' to run every missed slot")
+    raise ConfigError(f"invalid overlap {shown(value)}: expected one of "
+                      f"{', '.join(map(repr, OVERLAP_POLICIES))} (or True/False for "
+                      "'allow'/'skip')")
 
 
 @functools.lru_cache(maxsize=1024, typed=True)

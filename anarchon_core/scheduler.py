@@ -1,53 +1,56 @@
-"""The :class:`Scheduler`: registration, the per-job timer loops, claims, backups and stop."""
+"""The :class:`Scheduler`: the public API, over a few collaborators with one job each.
+
+The scheduler registers jobs, starts and stops, and answers reads; the work is theirs:
+
+* :class:`~anarchon_core.firing.Firing`: the one timer, and the claims of the slots due;
+* :class:`~anarchon_core.claiming.Claims`: requests, store calls, what a won claim passes;
+* :class:`~anarchon_core.runs.Runs`: the attempts running here, and a graceful stop's part;
+* :class:`~anarchon_core.backups.Backups`: watching live runs elsewhere, orphan recovery;
+* :class:`~anarchon_core.manual.ManualRuns`: ``run_now`` and ``backfill``;
+* :class:`~anarchon_core.downtime.MissedSlots`: slots missed while down, recorded ``missed``;
+* :class:`~anarchon_core.storeclock.StoreClock`, :class:`~anarchon_core.health.StoreHealth`
+  and :class:`~anarchon_core.membership.FleetMember`: the store's clock, whether it answers,
+  and this instance's fleet record and view of the paused jobs.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-import inspect
 import logging
 import os
-import random
 import socket
 import threading
-import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, tzinfo
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from . import sharing
-from .backend import Backend, Retention, new_token
-from .claim import ClaimHandle, LeaseTimings, retry_delay
-from .decision import EARLY_TOLERANCE_MS, OVERLAP_SKIP, late_error
+from .backend import Backend, Retention
+from .backups import Backups
+from .claim import ClaimHandle
+from .claiming import Claims, NotClaimed
+from .clocks import SYSTEM_CLOCK, Clock
+from .contenders import CONTENDERS, ORPHAN_SCAN, Contenders, group_digest
 from .downtime import MISSED_STORE, MissedSlots
 from .durations import Duration
-from .errors import ConfigError, StoreUnavailable
+from .errors import ConfigError
 from .events import EventBus, EventKind, Listener
-from .events import run_fields as _fields
-from .execution import Attempt, Handler
+from .execution import Handler
+from .firing import Firing
 from .fleet import PAUSED, FleetStatus, JobDefinition, PauseInfo, check_job_name, validate_reason
 from .health import StoreHealth
 from .jobs import RegisteredJob
 from .lifecycle import serve
+from .manual import STORE_PAGE, ManualRuns
 from .membership import FleetMember
-from .models import (
-    ClaimOutcome,
-    ClaimRequest,
-    ClaimResult,
-    ExpiredRun,
-    HistoryQuery,
-    JobInfo,
-    Run,
-    RunPage,
-    RunRef,
-)
+from .models import ClaimOutcome, HistoryQuery, JobInfo, Run, RunPage
 from .naming import validate_instance_id, validate_job_name
 from .options import DEFAULT_LEASE_MS, JobOptions, validate_history, validate_lease_timings
-from .schedules import CronSchedule, Schedule, every_schedule, ms_to_datetime
-from .slots import slot_from_datetime, slot_to_datetime
+from .runs import Runs
+from .schedules import Dst, Schedule, cron_schedule, every_schedule
+from .sources import DEFAULT_INTERVAL_S, JobSource, SchedulerJobs, SourcedJob, SourceSync
 from .storeclock import StoreClock
 from .supervision import LoopGuard
 from .sync import SyncScheduler
@@ -63,37 +66,6 @@ H = TypeVar("H", bound=Handler)
 #: Runs stay in the store at least this long past max_late_ms/catch_up_ms.
 _KEEP_MARGIN_MS = 60_000
 DEFAULT_STOP_GRACE_MS = 5_000
-_EARLY_RETRIES = 3
-#: Orphan recovery: jobs looked at per period, and expired runs read per job.
-_ORPHAN_JOBS_PER_PERIOD = 50
-_ORPHAN_RUNS_PER_JOB = 10
-#: The largest page asked of a store in one read.
-_STORE_PAGE = 1_000
-#: How long stop() waits for runs whose handler returned to record their end.
-_RECORD_WAIT_S = 10.0
-
-
-@dataclass(frozen=True)
-class NotClaimed:
-    """Why :meth:`Scheduler.try_claim` did not win a slot (falsy).
-
-    ``outcome`` is the claim's answer (``taken``, ``running``, ``overlap``, ``done``,
-    ``late``, ``early``) and ``reason`` says it in words, as history records a skip.
-    """
-
-    job: str
-    slot: int
-    outcome: ClaimOutcome
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __enter__(self) -> None:
-        """``with scheduler.sync.claim(...) as claim:`` gives None for a slot not won."""
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 def _resolve_backend(backend: Backend | str | None) -> Backend:
@@ -124,6 +96,11 @@ class Scheduler:
     :param history_ttl_ms: if set, runs older than this are dropped too.
     :param handler_threads: size of the thread pool for sync handlers (default 32).
     :param stop_grace_ms: how long :meth:`stop` lets handlers finish (default 5 s).
+    :param clock: the local clocks it reads (default the machine's); tests pass a
+        controlled one.
+    :param contenders: on a lease store with a fleet registry, only a few instances of
+        the fleet contend for each slot (see :mod:`anarchon_core.contenders`); False:
+        this instance claims every slot.
 
     Use it with ``await start()``/``await stop()``, ``async with scheduler:``,
     :meth:`run_forever` in scripts, or through :attr:`sync` from synchronous code.
@@ -136,7 +113,8 @@ class Scheduler:
         lease_ms: int | None = DEFAULT_LEASE_MS, heartbeat_ms: int | None = None,
         history_size: int = 1000, history_ttl_ms: int | None = None,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
-        stop_grace_ms: int = DEFAULT_STOP_GRACE_MS,
+        stop_grace_ms: int = DEFAULT_STOP_GRACE_MS, clock: Clock = SYSTEM_CLOCK,
+        contenders: bool = True,
     ) -> None:
         self.backend = _resolve_backend(backend)
         if lease_ms is DEFAULT_LEASE_MS:
@@ -152,8 +130,6 @@ class Scheduler:
             instance_id = f"{socket.gethostname()}:{os.getpid()}"
         self.instance_id = validate_instance_id(instance_id)
         self.lease_ms, self.heartbeat_ms = validate_lease_timings(lease_ms, heartbeat_ms)
-        #: One LeaseTimings shared by every handle (made again if the timings change).
-        self._timings: LeaseTimings | None = None
         self.history_size, self.history_ttl_ms = validate_history(history_size, history_ttl_ms)
         if isinstance(handler_threads, bool) or not isinstance(handler_threads, int) \
                 or not 1 <= handler_threads <= 10_000:
@@ -166,7 +142,6 @@ class Scheduler:
         self.stop_grace_ms = stop_grace_ms
         self._jobs: dict[str, RegisteredJob] = {}
         self._jobs_lock = threading.RLock()
-        self._attempts: set[Attempt] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         #: Bound once: every run's task gets it as its done-callback, run in one context
         #: (it only forgets the task and logs a crash) instead of a copy per task.
@@ -178,25 +153,51 @@ class Scheduler:
         #: One timer for every job: (fire at, store-clock ms; sequence; slot; job name). Only
         #: numbers and a name, so the collector stops tracking them (thousands of jobs).
         self._timers = SlotTimers(self._now_ms)
-        self._threads: HandlerThreads | None = None
-        self._orphan_cursor = 0
         #: The longest a late claim or a catch-up of any job here may ask back (ms).
         self._keep_ms = 0
         self._closer: asyncio.Future[None] | None = None
         self._events = EventBus(self.instance_id)
         self._health = StoreHealth(self._events, self.backend.describe(),
-                                   on_recovered=self._on_store_recovered)
+                                   on_recovered=self._on_store_recovered, clock=clock)
         #: The store's clock: what every slot, lateness and timer is reckoned in.
         self._clock = StoreClock(self.backend, self._health, self._events,
-                                 on_moved=self._timers.clock_moved)
-        self._missed = MissedSlots(self.backend, self._health, self._events,
-                                   now_ms=self._now_ms, request=self._request)
+                                 on_moved=self._timers.clock_moved, clock=clock)
+        stopping = self._is_stopping
+        if not isinstance(contenders, bool):
+            raise ConfigError(f"invalid contenders {contenders!r}: expected True or False")
+        self._contenders = Contenders(
+            self.instance_id, enabled=contenders and self.backend.supports_leases, clock=clock)
         self._fleet = FleetMember(self.backend, self.instance_id, health=self._health,
                                   clock=self._clock, jobs_version=lambda: self._jobs_version,
-                                  job_definitions=self._job_definitions,
-                                  stopping=lambda: self._stopping)
+                                  job_definitions=self._job_definitions, stopping=stopping,
+                                  contenders=self._contenders, group=self._group)
+        self._claims = Claims(self.backend, self, health=self._health, events=self._events,
+                              clock=self._clock, stopping=stopping,
+                              paused=lambda: self._fleet.paused)
+        self._missed = MissedSlots(self.backend, self._health, self._events,
+                                   now_ms=self._now_ms, request=self._claims.request)
+        self._runs = Runs(self, self._claims, events=self._events, health=self._health,
+                          stopping=stopping, now_ms=self._now_ms,
+                          watch=self._start_watch if self.backend.supports_leases else None)
+        self._backups = Backups(self.backend, self, self._claims, self._runs,
+                                health=self._health, clock=self._clock, stopping=stopping,
+                                job=self._jobs.get, jobs=self._job_list, spawn=self._spawn,
+                                scans=self._scans_orphans)
+        self._firing = Firing(self.backend, self._timers, self._claims, self._runs,
+                              health=self._health, now_ms=self._now_ms,
+                              watch=lambda job, slot: self._backups.watch(job, slot, manual=False),
+                              job=self._jobs.get, jobs=self._job_list, spawn=self._spawn,
+                              active=lambda: self._running and not self._stopping,
+                              stopping=stopping, catch_up=self.backend.supports_leases,
+                              contenders=self._contenders)
+        self._contenders.on_change = self._firing.contenders_changed
+        self._manual = ManualRuns(self.backend, self._claims, self._runs, now_ms=self._now_ms,
+                                  stopping=stopping)
         #: Bumped when a job is added or removed (the fleet registry rewrites its list).
         self._jobs_version = 0
+        self._group_of: tuple[int, str] | None = None
+        #: Job sources kept in step while running (:meth:`add_source`).
+        self._sources: list[SourceSync] = []
         #: Synchronous twins of the coroutine methods, for sync code (see :class:`SyncScheduler`).
         self.sync = SyncScheduler(self)
 
@@ -231,36 +232,15 @@ class Scheduler:
         :class:`~anarchon_core.StoreUnavailable` when the store does not answer.
         """
         await self._open_backend()
-        sent = time.monotonic()
+        clock = self._clock.clock
+        sent = clock.monotonic()
         await self._clock.read_store_ms()
-        return (time.monotonic() - sent) * 1000
+        return (clock.monotonic() - sent) * 1000
 
     @property
     def store_down(self) -> bool:
         """True from a failed store call until the next one that succeeds."""
         return self._health.down
-
-    def _report_claim(self, request: ClaimRequest, result: ClaimResult) -> None:
-        """The claim's answer as an event (cheap when nobody listens)."""
-        events = self._events
-        if not events:
-            return
-        outcome = result.outcome
-        fields: dict[str, Any] = {"job": request.job, "slot": request.slot,
-                                  "attempt": result.attempt, "manual": request.manual,
-                                  "outcome": outcome.value}
-        if outcome is ClaimOutcome.WON:
-            kind = EventKind.TAKEOVER if result.attempt > 1 else EventKind.CLAIM_WON
-            fields["lateness_ms"] = self._now_ms() - request.slot
-        elif outcome is ClaimOutcome.OVERLAP:
-            kind, fields["reason"] = EventKind.CLAIM_SKIPPED, OVERLAP_SKIP
-        elif outcome is ClaimOutcome.LATE:
-            kind, fields["reason"] = EventKind.LATE, late_error(request, round(self._now_ms()))
-        elif outcome is ClaimOutcome.EARLY:
-            kind = EventKind.EARLY
-        else:
-            kind = EventKind.CLAIM_TAKEN
-        events.emit(kind, **fields)
 
     # ---------------------------------------------------------------- registration
 
@@ -276,33 +256,87 @@ class Scheduler:
         """Register a job on the epoch grid: ``every("sync", "10s")`` runs at :00, :10...
 
         Without ``handler`` it returns a decorator. Options: ``timeout_ms``,
-        ``jitter_ms``, ``max_late_ms``, and on lease backends ``overlap``,
-        ``max_attempts``, ``catch_up_ms``.
+        ``jitter_ms``, ``max_late_ms``, and on lease backends ``overlap`` (``"skip"``,
+        ``"allow"``, ``"buffer_one"``, ``"cancel_other"``), ``max_attempts``,
+        ``catch_up_ms`` and ``catch_up``.
         """
         schedule = every_schedule(interval, offset)
         return self._register(name, schedule, handler, options)
 
     @overload
     def cron(self, name: str, expression: str, handler: None = None, *,
-             tz: str | tzinfo = "UTC", **options: Any) -> Callable[[H], H]: ...
+             tz: str | tzinfo = "UTC", dst: Dst = None, **options: Any) -> Callable[[H], H]: ...
     @overload
     def cron(self, name: str, expression: str, handler: H, *, tz: str | tzinfo = "UTC",
-             **options: Any) -> H: ...
+             dst: Dst = None, **options: Any) -> H: ...
 
     def cron(self, name: str, expression: str, handler: Handler | None = None, *,
-             tz: str | tzinfo = "UTC", **options: Any) -> Any:
+             tz: str | tzinfo = "UTC", dst: Dst = None, **options: Any) -> Any:
         """Register a job on a cron expression (5 fields, or 6 with seconds first) in ``tz``.
 
         ``tz`` is an IANA name (``"Europe/Athens"``) or a zone object that has one
-        (``ZoneInfo("Europe/Athens")``, ``datetime.UTC``). Without ``handler`` it returns a
-        decorator. Same options as :meth:`every`.
+        (``ZoneInfo("Europe/Athens")``, ``datetime.UTC``). ``dst`` chooses what the job
+        does when clocks change (``"once_last"``, ``"skip"``, ``"both,shift"``...; see
+        :class:`~anarchon_core.schedules.DstRule`); by default cron(8)'s rule. Without
+        ``handler`` it returns a decorator. Same options as :meth:`every`.
         """
-        schedule = CronSchedule(expression, tz)
+        schedule = cron_schedule(expression, tz, dst)
         return self._register(name, schedule, handler, options)
+
+    @overload
+    def add(self, name: str, schedule: Schedule, handler: None = None,
+            **options: Any) -> Callable[[H], H]: ...
+    @overload
+    def add(self, name: str, schedule: Schedule, handler: H, **options: Any) -> H: ...
+
+    def add(self, name: str, schedule: Schedule, handler: Handler | None = None,
+            **options: Any) -> Any:
+        """Register a job on a :class:`~anarchon_core.Schedule` object.
+
+        ``scheduler.add("report", CronSchedule("0 8 * * *", "Europe/Athens"), report)`` is
+        ``scheduler.cron("report", "0 8 * * *", report, tz="Europe/Athens")``; any
+        ``Schedule`` (your own subclass too) works. Same options as :meth:`every`.
+        """
+        if not isinstance(schedule, Schedule):
+            raise ConfigError(f"invalid schedule {schedule!r} for job {name!r}: expected a "
+                              "Schedule (EverySchedule, CronSchedule...)")
+        return self._register(name, schedule, handler, options)
+
+    def add_source(self, source: JobSource, handler_for: Callable[[SourcedJob], Handler], *,
+                   interval_s: float = DEFAULT_INTERVAL_S) -> SourceSync:
+        """Keep some of this scheduler's jobs in step with ``source`` (a database table).
+
+        While the scheduler runs, ``source`` is polled every ``interval_s`` for the
+        records changed since the last poll (never the whole source on a quiet poll); a
+        new or changed record (re)registers its job with ``handler_for(job)`` as the
+        handler, a disabled or deleted one removes it. :meth:`start` loads the source
+        before its first claim. A record whose name a job declared in code has, or that
+        the scheduler refuses, is a warning naming it. Returns the
+        :class:`~anarchon_core.sources.SourceSync` (its ``definitions`` are the records
+        held now).
+        """
+        if not isinstance(source, JobSource):
+            raise ConfigError(f"invalid source {source!r}: expected a JobSource")
+        consumer = SchedulerJobs(self, handler_for, source.description)
+        sync = SourceSync(source, consumer, interval_s=interval_s, clock=self._now_ms)
+        self._sources.append(sync)
+        if self._running and not self._stopping:
+            self._supervise(f"source {source.description}", sync.loop)
+        return sync
+
+    def has_job(self, name: str) -> bool:
+        """Whether a job of that name is registered here (cheaper than :meth:`jobs`)."""
+        return name in self._jobs
+
+    @property
+    def sources(self) -> list[SourceSync]:
+        """The job sources added with :meth:`add_source`."""
+        return list(self._sources)
 
     def define(self, name: str, schedule: Schedule | None = None, *,
                on_takeover: Callable[[ClaimHandle], Any] | None = None,
-               schedule_text: str | None = None, **options: Any) -> JobInfo:
+               schedule_text: str | None = None, contenders: bool = False,
+               **options: Any) -> JobInfo:
         """Register a job that this scheduler never fires itself: its caller claims slots.
 
         For code that decides its own timing (an APScheduler executor, a Celery beat):
@@ -322,6 +356,13 @@ class Scheduler:
         ``schedule_text`` says, without a ``schedule``, what decides the job's timing (e.g.
         an APScheduler trigger): :meth:`jobs` and the fleet view (``anarchon status``) show
         it instead of "(claimed by its caller)".
+
+        ``contenders=True`` says that every instance of the fleet claims each slot of the
+        job from its own timer (the APScheduler executor does): with contender sets, the
+        instances that do not contend for a slot are answered ``taken`` without asking the
+        store, and the later contenders look first (see "Contender sets" in
+        docs/concepts.md). Leave it False when one caller claims a slot (a Celery worker
+        tracking its task): it must always ask the store.
         """
         validate_job_name(name)
         if schedule_text is not None and (not isinstance(schedule_text, str)
@@ -334,9 +375,14 @@ class Scheduler:
         if on_takeover is not None and not callable(on_takeover):
             raise ConfigError(f"invalid on_takeover {on_takeover!r} for job {name!r}: not "
                               "callable")
+        if on_takeover is None and job_options.overlap in ("buffer_one", "cancel_other"):
+            raise ConfigError(f"overlap={job_options.overlap!r} for job {name!r} needs "
+                              "on_takeover=: a buffered slot starts later, when the run "
+                              "before it ends, and on_takeover(handle) is what starts it")
         with self._jobs_lock:
             self._add(RegisteredJob(name, schedule, None, job_options, fires=False,
-                           on_takeover=on_takeover, schedule_text=schedule_text))
+                           on_takeover=on_takeover, schedule_text=schedule_text,
+                           contends=contenders is True))
         return self._info(self._jobs[name])
 
     def _register(self, name: str, schedule: Schedule, handler: Handler | None,
@@ -365,7 +411,7 @@ class Scheduler:
             self._jobs_version += 1
             self._configure_retention(job)
             if self._running and not self._stopping:
-                self._on_loop(self._start_job, job)
+                self._on_loop(self._firing.start_job, job)
 
     def remove(self, name: str) -> bool:
         """Unregister a job; a run already going finishes. False if there was none."""
@@ -401,9 +447,7 @@ class Scheduler:
 
     def jobs(self) -> list[JobInfo]:
         """The registered jobs with their next slot (0 for jobs defined without a schedule)."""
-        with self._jobs_lock:
-            jobs = list(self._jobs.values())
-        return [self._info(j) for j in jobs]
+        return [self._info(j) for j in self._job_list()]
 
     def _configure_retention(self, job: RegisteredJob | None = None) -> None:
         if job is not None:
@@ -441,18 +485,23 @@ class Scheduler:
         if self._running:
             return
         await self._open_backend()
+        for sync in self._sources:  # its jobs claim from the first slot, like the code's
+            with LoopGuard(f"source {sync.source.description}", lambda: True).item(
+                    "the first load"):
+                await sync.poll_and_apply()
         self._running, self._stopping = True, False
-        self._threads = HandlerThreads(self.handler_threads)
+        self._runs.threads = HandlerThreads(self.handler_threads)
         self._timers.clear()
         self._supervise("clock", self._clock.loop)
-        self._supervise("timer", self._timer_loop)
+        self._supervise("timer", self._firing.loop)
         if self.backend.supports_leases:
-            self._supervise("orphan recovery", self._orphan_loop)
+            self._supervise("orphan recovery", self._backups.orphan_loop)
         self._supervise("fleet", self._fleet.loop)
-        with self._jobs_lock:
-            jobs = list(self._jobs.values())
+        for sync in self._sources:
+            self._supervise(f"source {sync.source.description}", sync.loop)
+        jobs = self._job_list()
         for job in jobs:
-            self._start_job(job)
+            self._firing.start_job(job)
         self._supervise("downtime scan", lambda guard: self._missed.scan(jobs, guard))
         log.info("scheduler %s started with %d job(s) on %s", self.instance_id,
                  len(jobs), self.backend.describe())
@@ -472,33 +521,14 @@ class Scheduler:
         grace = (self.stop_grace_ms if grace_ms is None else grace_ms) / 1000
         self._stopping = True
         self._timers.clear()
-        attempts = list(self._attempts)
-        attempt_tasks = {a.task for a in attempts if a.task is not None}
+        attempt_tasks = self._runs.tasks()
         for task in self._tasks - attempt_tasks:
             task.cancel()
-        for attempt in attempts:
-            attempt.request_stop(grace)
-        pending: set[asyncio.Future[Any]] = set()
-        if attempt_tasks:
-            # Handlers get the grace (and async ones a moment to take their cancellation),
-            # then those whose code returned record their end or hand over.
-            codes = {a.code for a in attempts if a.code is not None}
-            if codes:
-                await asyncio.wait(codes, timeout=grace + 1.0)
-            ended = {a.task for a in attempts if a.task is not None and not a.code_running}
-            if ended:
-                await asyncio.wait(ended, timeout=_RECORD_WAIT_S)
-            pending = {t for t in attempt_tasks if not t.done()}
-            for attempt in attempts:
-                if attempt.code_running:
-                    ref = attempt.handle.ref
-                    log.warning("%s slot %s attempt %s: still running after the stop grace; "
-                                "its lease is kept until it returns or the process exits",
-                                ref.job, ref.slot, ref.attempt)
+        pending = await self._runs.stop(grace)
         others = [t for t in self._tasks if t not in attempt_tasks]
         await asyncio.gather(*others, return_exceptions=True)
         await self._fleet.leave()
-        threads, self._threads = self._threads, None
+        threads, self._runs.threads = self._runs.threads, None
         if threads is not None:
             threads.shutdown(wait=False, cancel_futures=True)
         self._running = False
@@ -548,7 +578,7 @@ class Scheduler:
         page = RunPage(cursor=before)
         while True:  # a long read is several store pages
             query = HistoryQuery(job=job, status=status, runner=runner, before=page.cursor,
-                                 limit=min(limit - len(page), _STORE_PAGE))
+                                 limit=min(limit - len(page), STORE_PAGE))
             part = await self.backend.runs(query)
             page.extend(part)
             page.cursor = part.cursor
@@ -607,10 +637,24 @@ class Scheduler:
         return await self._fleet.status()
 
     def _job_definitions(self) -> list[JobDefinition]:
-        with self._jobs_lock:
-            jobs = list(self._jobs.values())
         return [JobDefinition.of(j.name, j.schedule, j.options, text=j.schedule_text)
-                for j in jobs]
+                for j in self._job_list()]
+
+    def _group(self) -> str:
+        """The contender group of this instance: the jobs it fires, as it defines them."""
+        version = self._jobs_version
+        if self._group_of is None or self._group_of[0] != version:
+            firing = [j for j in self._job_list() if j.contends or (
+                j.fires and j.handler is not None and j.schedule is not None)]
+            self._group_of = (version, group_digest(
+                (j.name, JobDefinition.of(j.name, j.schedule, j.options,
+                                          text=j.schedule_text).digest)
+                for j in firing))
+        return self._group_of[1]
+
+    def _scans_orphans(self, job: str) -> bool:
+        rank = self._contenders.rank(job, ORPHAN_SCAN)
+        return rank is None or rank < CONTENDERS
 
     # ---------------------------------------------------------------- claims
 
@@ -640,121 +684,18 @@ class Scheduler:
             raise ConfigError(f"invalid slot {slot!r}: expected int milliseconds since the "
                               "epoch (see slot_from_datetime)")
         await self._open_backend()
-        outcome = await self._claim_slot(job, slot, raise_unavailable=True)
+        if job.contends:
+            passed = await self._firing.caller_turn(job, slot)
+            if passed is not None:
+                return passed
+        outcome = await self._claims.claim_slot(
+            job, slot, raise_unavailable=True,
+            buffered=lambda request, handle: self._spawn(
+                self._runs.run_buffered(job, request, handle)))
         if (isinstance(outcome, NotClaimed) and outcome.outcome is ClaimOutcome.RUNNING
                 and job.on_takeover is not None and self._running and not self._stopping):
-            self._spawn(self._watch(job, slot, manual=False))
+            self._backups.start_watch(job, slot)
         return outcome
-
-    def _request(self, job: RegisteredJob, slot: int, *, manual: bool = False,
-                 max_late_ms: int | None = None, token: str | None = None,
-                 max_attempts: int | None = None) -> ClaimRequest:
-        o = job.options
-        return ClaimRequest(
-            job=job.name, slot=slot, token=token or new_token(), runner=self.instance_id,
-            manual=manual, lease_ms=self.lease_ms, overlap=o.overlap or manual,
-            max_attempts=max_attempts if max_attempts is not None
-            else 1 if manual else o.max_attempts,
-            max_late_ms=None if manual else (o.max_late_ms if max_late_ms is None
-                                             else max_late_ms),
-        )
-
-    async def _call_claim(self, request: ClaimRequest, give_up_at: float | None,
-                          answer_lost: bool = False) -> tuple[ClaimResult, float]:
-        """Claim, retrying only transient store failures until ``give_up_at`` (store ms).
-
-        Retries reuse the request's token, so a claim that was committed but whose answer
-        was lost is won again by the retry. Returns the result and the monotonic instant
-        its lease counts from: the sending of the successful call, or for a retry (or
-        ``answer_lost``: this request's earlier call failed) no later than the store's
-        own expiry allows (:meth:`_rewon_lease`).
-        """
-        tries = 0
-        while True:
-            sent = time.monotonic()
-            try:
-                result = await self._health.timed("claim", self.backend.claim(request))
-            except StoreUnavailable as exc:
-                tries += 1
-                delay = retry_delay(tries)
-                if self._stopping or give_up_at is None or self._now_ms() + delay * 1000 > \
-                        give_up_at:
-                    raise
-                if tries == 1:
-                    log.debug("%s slot %s: claim failed (%s); retrying", request.job,
-                              request.slot, exc)
-                await asyncio.sleep(delay)
-            else:
-                if tries or answer_lost:
-                    sent = self._rewon_lease(request, result, sent)
-                return result, sent
-
-    def _rewon_lease(self, request: ClaimRequest, result: ClaimResult, sent: float) -> float:
-        """Where the lease of a claim that may have been committed by an earlier call starts.
-
-        A claim committed but whose answer was lost is won again by a later call with the
-        same token (a retry, a backup's next poll) with the lease that commit set: older
-        than the call that answered it, and maybe expired. Its lease then ends at the
-        store's expiry (read on the store's clock) if that comes before ``sent`` plus
-        ``lease_ms``; a handle past it fences itself at once and a backup takes the run
-        over. Only such calls are bounded so: a fresh claim does not depend on the clock.
-        """
-        if not result.won or result.lease_until_ms is None:
-            return sent
-        left_ms = result.lease_until_ms - self._now_ms()
-        return min(sent, time.monotonic() + (left_ms - request.lease_ms) / 1000)
-
-    async def _claim_slot(self, job: RegisteredJob, slot: int, *, max_late_ms: int | None = None,
-                          raise_unavailable: bool = False, request: ClaimRequest | None = None,
-                          answer_lost: bool = False) -> ClaimHandle | NotClaimed:
-        if request is None:
-            request = self._request(job, slot, max_late_ms=max_late_ms)
-        give_up_at = slot + (request.max_late_ms or job.options.max_late_ms)
-        try:
-            result, sent = await self._call_claim(request, give_up_at, answer_lost)
-            for _ in range(_EARLY_RETRIES):
-                if result.outcome is not ClaimOutcome.EARLY or self._stopping:
-                    break
-                # The store's clock says the slot has not come: ours jumped. Re-measure,
-                # wait for the slot by the store's clock, and claim again.
-                log.warning("%s slot %s: claimed early by the store's clock; re-syncing",
-                            job.name, slot)
-                with contextlib.suppress(StoreUnavailable):
-                    await self._clock.refresh()
-                wait_ms = slot - self._now_ms()
-                if wait_ms > EARLY_TOLERANCE_MS:
-                    break
-                await asyncio.sleep(max(0.0, wait_ms) / 1000 + 0.01)
-                result, sent = await self._call_claim(request, give_up_at)
-        except StoreUnavailable as exc:
-            if raise_unavailable:
-                raise
-            reason = f"store unavailable: {exc}"
-            if self._health.slot_missed(job.name, slot):
-                log.debug("%s slot %s: not run, %s", job.name, slot, reason)
-            else:
-                log.error("%s slot %s: store unavailable until the slot was too late; not "
-                          "run: %s", job.name, slot, exc)
-            self._events.emit(EventKind.LATE, job=job.name, slot=slot, manual=request.manual,
-                              outcome=ClaimOutcome.LATE.value, reason=reason)
-            return NotClaimed(job.name, slot, ClaimOutcome.LATE, reason)
-        self._report_claim(request, result)
-        if result.won:
-            return await self._after_won(self._handle(request, result, sent))
-        return NotClaimed(job.name, slot, result.outcome, _reason(request, result,
-                                                                  self._now_ms()))
-
-    def _handle(self, request: ClaimRequest, result: ClaimResult, sent: float) -> ClaimHandle:
-        timings = None
-        if self.backend.supports_leases:
-            timings = self._timings
-            if (timings is None or timings.lease_ms != self.lease_ms
-                    or timings.heartbeat_ms != self.heartbeat_ms):
-                timings = self._timings = LeaseTimings(self.lease_ms, self.heartbeat_ms)
-        ref = RunRef(request.job, request.slot, request.token, result.attempt, request.manual)
-        return ClaimHandle(backend=self.backend, ref=ref, runner=self.instance_id,
-                           timings=timings, sent_at=sent, events=self._events,
-                           health=self._health)
 
     # ---------------------------------------------------------------- manual runs
 
@@ -768,17 +709,7 @@ class Scheduler:
         """
         job = self._runnable(name)
         await self._open_backend()
-        with self._manual_threads() as threads:
-            slot = round(self._now_ms())
-            for _ in range(10):  # another instance may have run it in the same millisecond
-                request = self._request(job, slot, manual=True)
-                result, sent = await self._call_claim(request, slot + 30_000)
-                if result.won:
-                    attempt = self._attempt(job, self._handle(request, result, sent), threads)
-                    await self._run_attempt(attempt)
-                    return attempt.as_run()
-                slot += 1
-            raise RuntimeError(f"could not claim a manual run of {name!r}")
+        return await self._manual.run_now(job)
 
     async def backfill(self, name: str, start: datetime | int, end: datetime | int, *,
                        limit: int = 1_000) -> list[Run]:
@@ -793,46 +724,8 @@ class Scheduler:
         made here.
         """
         job = self._runnable(name)
-        if job.schedule is None:
-            raise ConfigError(f"job {name!r} has no schedule to backfill")
-        lo, hi = _as_slot(start, "start"), _as_slot(end, "end")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
-            raise ConfigError(f"invalid limit {limit!r}: expected an int in 1..100000")
         await self._open_backend()
-        now = round(self._now_ms())
-        if hi < lo or hi > now:
-            raise ConfigError(f"invalid backfill range {_iso(lo)} to {_iso(hi)}: expected "
-                              f"start ≤ end ≤ now ({_iso(now)})")
-        slots = _backfill_slots(name, job.schedule, lo, hi, limit)
-        done = await self._succeeded_slots(name, lo)
-        runs: list[Run] = []
-        with self._manual_threads() as threads:
-            for slot in slots:
-                if slot in done or self._stopping:
-                    continue
-                request = self._request(job, slot, manual=True)
-                result, sent = await self._call_claim(request, None)
-                if not result.won:
-                    log.info("%s slot %s: backfill skipped (%s)", name, slot,
-                             result.outcome.value)
-                    continue
-                attempt = self._attempt(job, self._handle(request, result, sent), threads)
-                await self._run_attempt(attempt)
-                runs.append(attempt.as_run())
-        return runs
-
-    async def _succeeded_slots(self, name: str, since: int) -> set[int]:
-        """Slots of ``name`` at or after ``since`` with a successful attempt in history."""
-        found: set[int] = set()
-        cursor: str | None = None
-        for _ in range(1_000):  # pages of 1,000: a million runs back at most
-            page = await self.backend.runs(HistoryQuery(job=name, status="success",
-                                                        before=cursor, limit=_STORE_PAGE))
-            found.update(r.slot for r in page if r.slot >= since)
-            cursor = page.cursor
-            if cursor is None or not page or min(r.slot for r in page) < since:
-                break
-        return found
+        return await self._manual.backfill(job, start, end, limit)
 
     def _runnable(self, name: str) -> RegisteredJob:
         job = self._job(name)
@@ -841,21 +734,20 @@ class Scheduler:
                               "claim its slots with claim()")
         return job
 
-    @contextlib.contextmanager
-    def _manual_threads(self) -> Iterator[HandlerThreads]:
-        """The scheduler's handler threads, or a small pool when it is not running."""
-        own = self._threads is None
-        threads = self._threads or HandlerThreads(1, "anarchon-run-now")
-        try:
-            yield threads
-        finally:
-            if own:
-                threads.shutdown(wait=False)
-
     # ---------------------------------------------------------------- the clock
 
     def _now_ms(self) -> float:
         return self._clock.now_ms()
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
+
+    def _job_list(self) -> list[RegisteredJob]:
+        with self._jobs_lock:
+            return list(self._jobs.values())
+
+    def _start_watch(self, job: RegisteredJob, slot: int) -> None:
+        self._backups.start_watch(job, slot)
 
     # ---------------------------------------------------------------- timers and runs
 
@@ -876,408 +768,11 @@ class Scheduler:
         if not task.cancelled() and task.exception() is not None:
             log.error("scheduler task crashed", exc_info=task.exception())
 
-    def _start_job(self, job: RegisteredJob) -> None:
-        if job.handler is None or job.schedule is None or not job.fires:
-            return
-        if self._jobs.get(job.name) is not job or not self._running or self._stopping:
-            return
-        job.generation += 1
-        self._arm(job, job.schedule, round(self._now_ms()))
-        if job.options.catch_up_ms and self.backend.supports_leases:
-            self._spawn(self._catch_up(job, job.schedule))
-
-    def _arm(self, job: RegisteredJob, schedule: Schedule, after_ms: int) -> None:
-        """Put the job's first slot after ``after_ms`` on the timer, with fresh jitter."""
-        slot = schedule.next_after(after_ms)
-        job.generation = self._timers.arm(job.name, slot,
-                                          slot + random.uniform(0, job.options.jitter_ms))
-
-    async def _timer_loop(self, guard: LoopGuard) -> None:
-        """Claim each job's slots as they come off the one timer (:mod:`.timers`)."""
-        due: list[tuple[RegisteredJob, int]] = []
-
-        def fire(name: str, seq: int, slot: int, now: float) -> bool:
-            job = self._jobs.get(name)
-            if job is None or job.generation != seq or job.schedule is None:
-                return False  # removed or re-armed since
-            due.append((job, slot))
-            # A wake-up late by up to the job's jitter still claims its next slot.
-            self._arm(job, job.schedule, max(slot, round(now) - job.options.jitter_ms))
-            return True
-
-        def claim_due() -> None:
-            batch = due.copy()
-            due.clear()
-            self._spawn(self._claim_due(batch))
-
-        await self._timers.run(guard, stopping=lambda: self._stopping, fire=fire,
-                               due=claim_due, rearm_all=self._rearm_all)
-
-    def _rearm_all(self) -> None:
-        now = round(self._now_ms())
-        self._timers.clear()
-        with self._jobs_lock:
-            jobs = list(self._jobs.values())
-        for job in jobs:
-            if job.handler is not None and job.schedule is not None and job.fires:
-                job.generation += 1
-                self._arm(job, job.schedule, now)
-
     def _on_store_recovered(self, slots: list[tuple[str, int]]) -> None:
         with self._jobs_lock:
             pending = [(self._jobs[name], slot) for name, slot in slots if name in self._jobs]
         if pending and self._running and not self._stopping:
             self._spawn(self._missed.record(pending, MISSED_STORE))
-
-    async def _catch_up(self, job: RegisteredJob, schedule: Schedule) -> None:
-        now = self._now_ms()
-        slot = schedule.latest_at_or_before(round(now))
-        if now - slot <= job.options.catch_up_ms:
-            log.info("%s: catching up slot %s", job.name, slot)
-            await self._claim_and_handle(job, slot, max_late_ms=job.options.catch_up_ms)
-
-    async def _claim_due(self, due: list[tuple[RegisteredJob, int]]) -> None:
-        """Claim the slots the timer found due together, in one call of the store.
-
-        Each claim is still its own request and decision; one that failed (or came early
-        by the store's clock) goes the one-by-one way, with its retries, same token.
-        """
-        requests = [self._request(job, slot) for job, slot in due]
-        sent = time.monotonic()
-        results: list[ClaimResult | BaseException]
-        try:
-            results = await self.backend.claim_many(requests)
-        except Exception as exc:  # noqa: BLE001 - e.g. no connection: each retries on its own
-            results = [exc] * len(requests)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            self._health.failed("claim", failed[0], sent)
-            log.debug("%d of %d claims due together failed (%s); retrying each on its own",
-                      len(failed), len(results), failed[0])
-        if len(failed) < len(results):
-            self._health.succeeded("claim", sent)
-        for (job, slot), request, result in zip(due, requests, results, strict=True):
-            if isinstance(result, BaseException) or result.outcome is ClaimOutcome.EARLY:
-                self._spawn(self._claim_and_handle(
-                    job, slot, request=request, answer_lost=isinstance(result, BaseException)))
-                continue
-            self._report_claim(request, result)
-            if result.won:
-                self._spawn(self._run_won(job, self._handle(request, result, sent)))
-            elif not self._stopping:
-                self._on_not_claimed(job, slot, NotClaimed(
-                    job.name, slot, result.outcome, _reason(request, result, self._now_ms())))
-
-    def _on_not_claimed(self, job: RegisteredJob, slot: int, outcome: NotClaimed) -> None:
-        if outcome.outcome is ClaimOutcome.RUNNING and self.backend.supports_leases:
-            self._spawn(self._watch(job, slot, manual=False))
-        elif outcome.outcome in (ClaimOutcome.OVERLAP, ClaimOutcome.LATE):
-            # While the store is down the recovery line counts these; one line each would
-            # be one per slot of every job.
-            log.log(logging.DEBUG if self._health.down else logging.INFO,
-                    "%s slot %s: skipped (%s)", job.name, slot, outcome.reason,
-                    extra=_fields(job.name, slot, None, self.instance_id))
-        else:
-            log.debug("%s slot %s: %s", job.name, slot, outcome.outcome.value)
-
-    async def _claim_and_handle(self, job: RegisteredJob, slot: int, max_late_ms: int | None = None,
-                                request: ClaimRequest | None = None,
-                                answer_lost: bool = False) -> None:
-        outcome = await self._claim_slot(job, slot, max_late_ms=max_late_ms, request=request,
-                                         answer_lost=answer_lost)
-        await self._go_on(job, slot, outcome)
-
-    async def _go_on(self, job: RegisteredJob, slot: int,
-                     outcome: ClaimHandle | NotClaimed) -> None:
-        """After :meth:`_after_won` or a lost claim: run the handle, or watch or log."""
-        if isinstance(outcome, ClaimHandle):
-            await self._run_handle(job, outcome)
-        elif not self._stopping:
-            self._on_not_claimed(job, slot, outcome)
-
-    async def _watch(self, job: RegisteredJob, slot: int, *, manual: bool) -> None:
-        """Be a backup: re-claim every 1–2 heartbeats until the run ends or we take over.
-
-        One token for the whole watch: a takeover that the store committed but whose
-        answer was lost is won again by the next poll (the store knows the token), with
-        the lease that commit set (often expired by then: see :meth:`_rewon_lease`).
-
-        After the store was unreachable, the runner could not heartbeat or record its end
-        either, and its lease may have run out meanwhile: once the store answers again
-        (a clock read), the backup leaves the runner one lease to catch up before it
-        checks again, so a run that ended during the outage is not run a second time.
-        """
-        key = (slot, manual)
-        if job.is_watching(key):
-            return
-        if job.watching is None:
-            job.watching = set()
-        job.watching.add(key)
-        request = self._request(job, slot, manual=manual)
-        unreachable = False
-        lost = False  # a poll's answer was lost since the last one answered
-        try:
-            while not self._stopping and self._jobs.get(job.name) is job:
-                await asyncio.sleep(self.heartbeat_ms * random.uniform(1, 2) / 1000)
-                if unreachable:
-                    unreachable = not await self._store_answers()
-                    if not unreachable:
-                        await asyncio.sleep(request.lease_ms / 1000)
-                    continue
-                sent = time.monotonic()
-                try:
-                    result = await self._health.timed("claim", self.backend.claim(request))
-                except StoreUnavailable as exc:
-                    log.debug("%s slot %s: backup check failed: %s", job.name, slot, exc)
-                    unreachable = lost = True
-                    continue
-                if result.won:
-                    self._report_claim(request, result)
-                    log.warning("%s slot %s: lease expired, taking over as attempt %s",
-                                job.name, slot, result.attempt,
-                                extra=_fields(job.name, slot, result.attempt, self.instance_id))
-                    if lost:
-                        sent = self._rewon_lease(request, result, sent)
-                    # Won too late to run (fenced at once): the lease runs out by the store's
-                    # clock and orphan recovery takes the run, with a token of its own.
-                    outcome = await self._after_won(self._handle(request, result, sent))
-                    if isinstance(outcome, ClaimHandle):
-                        await self._run_handle(job, outcome)
-                    return
-                if result.outcome is not ClaimOutcome.RUNNING:
-                    return
-                lost = False
-        finally:
-            if job.watching is not None:
-                job.watching.discard(key)
-                if not job.watching:
-                    job.watching = None
-
-    async def _store_answers(self) -> bool:
-        """Whether the store answers a clock read now."""
-        try:
-            await self._clock.read_store_ms()
-        except StoreUnavailable:
-            return False
-        return True
-
-    async def _orphan_loop(self, guard: LoopGuard) -> None:
-        """Recover runs whose runner and watchers are all gone (on start, then periodically).
-
-        Each period looks at a bounded number of jobs; an expired run is claimed like a
-        backup would, so the decision table takes it over (attempt + 1) or gives it up.
-        """
-        period = self.lease_ms / 1000
-        while not self._stopping:
-            with self._jobs_lock:
-                jobs = [j for j in self._jobs.values()
-                        if j.handler is not None or j.on_takeover is not None]
-            if jobs:
-                start = self._orphan_cursor % len(jobs)
-                batch = (jobs[start:] + jobs[:start])[:_ORPHAN_JOBS_PER_PERIOD]
-                self._orphan_cursor = start + len(batch)
-                for job in batch:
-                    if self._stopping:
-                        return
-                    with guard.item(f"job {job.name!r}"):
-                        if not await self._scan_orphans(job):
-                            break
-            await asyncio.sleep(period * random.uniform(0.75, 1.25))
-
-    async def _scan_orphans(self, job: RegisteredJob) -> bool:
-        """Recover the expired runs of one job; False if the store is unreachable."""
-        try:
-            expired = await self._health.timed(
-                "expired_runs", self.backend.expired_runs(job.name, _ORPHAN_RUNS_PER_JOB))
-        except StoreUnavailable as exc:
-            log.debug("orphan scan of %s failed: %s", job.name, exc)
-            return False
-        for run in expired:
-            if not job.is_watching((run.slot, run.manual)):
-                self._spawn(self._recover(job, run))
-        return True
-
-    def _orphan_window_ms(self, job: RegisteredJob) -> int:
-        return max(job.options.max_late_ms, job.options.catch_up_ms) + 2 * self.lease_ms
-
-    async def _recover(self, job: RegisteredJob, run: ExpiredRun) -> None:
-        key = (run.slot, run.manual)
-        if job.is_watching(key) or any(a.handle.ref.job == job.name and a.handle.ref.slot ==
-                                      run.slot for a in self._attempts):
-            return
-        expired_at = run.lease_until_ms if run.lease_until_ms is not None else run.slot
-        too_old = self._now_ms() - expired_at > self._orphan_window_ms(job)
-        # Too old to run again: close it as interrupted for good (max_attempts=0 gives up).
-        request = self._request(job, run.slot, manual=run.manual,
-                                max_attempts=0 if too_old or run.manual else None)
-        sent = time.monotonic()
-        try:
-            result = await self._health.timed("claim", self.backend.claim(request))
-        except StoreUnavailable as exc:
-            log.debug("%s slot %s: orphan claim failed: %s", job.name, run.slot, exc)
-            return
-        self._report_claim(request, result)
-        if result.won:
-            if not self._stopping:
-                log.warning("%s slot %s: orphaned run (no runner, no backup) taken over as "
-                            "attempt %s", job.name, run.slot, result.attempt,
-                            extra=_fields(job.name, run.slot, result.attempt, self.instance_id))
-            await self._go_on(job, run.slot,
-                              await self._after_won(self._handle(request, result, sent)))
-        elif result.outcome is ClaimOutcome.RUNNING:
-            await self._watch(job, run.slot, manual=run.manual)
-        elif too_old:
-            log.warning("%s slot %s: orphaned run older than its recovery window closed as "
-                        "interrupted", job.name, run.slot)
-
-    def _attempt(self, job: RegisteredJob, handle: ClaimHandle, threads: HandlerThreads) -> Attempt:
-        assert job.handler is not None
-        return Attempt(handle=handle, handler=job.handler, instance_id=self.instance_id,
-                       timeout_ms=job.options.timeout_ms, threads=threads,
-                       stop_grace_s=self.stop_grace_ms / 1000)
-
-    def _is_paused(self, handle: ClaimHandle) -> bool:
-        return not handle.manual and handle.job in self._fleet.paused
-
-    async def _skip_paused(self, handle: ClaimHandle) -> NotClaimed:
-        """Record a won slot of a paused job ``skipped`` (error ``paused``); run nothing."""
-        info = self._fleet.paused.get(handle.job)
-        reason = "paused" + (f" by {info.by}" if info else "") + \
-            (f": {info.reason}" if info and info.reason else "")
-        await handle.finish("skipped", "paused")
-        log.info("%s slot %s: skipped (%s)", handle.job, handle.slot, reason,
-                 extra=_fields(handle.job, handle.slot, handle.attempt, self.instance_id))
-        self._events.emit(EventKind.CLAIM_SKIPPED, job=handle.job, slot=handle.slot,
-                          attempt=handle.attempt, outcome=ClaimOutcome.PAUSED.value,
-                          reason=reason)
-        return NotClaimed(handle.job, handle.slot, ClaimOutcome.PAUSED, reason)
-
-    async def _after_won(self, handle: ClaimHandle) -> ClaimHandle | NotClaimed:
-        """Every won claim passes here before it runs: fenced, stopping, paused, in order.
-
-        The handle back when it may run; else why not, having done what that case needs
-        (a run won while stopping is handed over, a paused job's slot recorded skipped).
-        """
-        if handle.fence_if_expired():
-            # Answered too late to be sure of the lease: the run is left to a backup.
-            return NotClaimed(handle.job, handle.slot, ClaimOutcome.RUNNING, LATE_ANSWER)
-        if self._stopping:
-            # Won while stopping: hand it straight over instead of dropping it.
-            await handle.release()
-            return NotClaimed(handle.job, handle.slot, ClaimOutcome.TAKEN,
-                              "this scheduler is stopping; handed over")
-        if self._is_paused(handle):
-            return await self._skip_paused(handle)
-        return handle
-
-    def _run_won(self, job: RegisteredJob, handle: ClaimHandle) -> Coroutine[Any, Any, None]:
-        """What runs a slot won at its instant: the attempt itself in the common case.
-
-        The common case is :meth:`_after_won`'s checks all passing, tested here without a
-        coroutine of their own (thousands of slots may be won at one instant).
-        """
-        threads = self._threads
-        if job.handler is not None and threads is not None and not self._stopping \
-                and not handle.fence_if_expired() and not self._is_paused(handle):
-            return self._run_attempt(self._attempt(job, handle, threads))
-        return self._run_won_otherwise(job, handle)
-
-    async def _run_won_otherwise(self, job: RegisteredJob, handle: ClaimHandle) -> None:
-        await self._go_on(job, handle.slot, await self._after_won(handle))
-
-    async def _run_handle(self, job: RegisteredJob, handle: ClaimHandle) -> None:
-        """Run a won handle that passed :meth:`_after_won`."""
-        threads = self._threads
-        if job.handler is None and job.on_takeover is not None and not self._stopping:
-            try:
-                started = job.on_takeover(handle)
-                if inspect.isawaitable(started):
-                    await started
-            except Exception:
-                log.exception("%s slot %s: on_takeover failed; handing the run over",
-                              job.name, handle.slot)
-                if not handle.ended and not handle.fenced:
-                    await handle.release()
-            return
-        if threads is None or job.handler is None:
-            await handle.release()
-            return
-        await self._run_attempt(self._attempt(job, handle, threads))
-
-    async def _run_attempt(self, attempt: Attempt) -> None:
-        self._attempts.add(attempt)
-        attempt.task = asyncio.current_task()
-        if self._stopping:
-            attempt.request_stop(0)
-        events = self._events
-        ref = attempt.handle.ref
-        if events:
-            events.emit(EventKind.ATTEMPT_STARTED, job=ref.job, slot=ref.slot,
-                        attempt=ref.attempt, manual=ref.manual,
-                        lateness_ms=self._now_ms() - ref.slot)
-        try:
-            await attempt.run_to_end()
-        finally:
-            self._attempts.discard(attempt)
-        if events:
-            duration = None if attempt.finished_at is None \
-                else (attempt.finished_at - attempt.started_at) * 1000
-            events.emit(EventKind.ATTEMPT_ENDED, job=ref.job, slot=ref.slot,
-                        attempt=ref.attempt, manual=ref.manual, status=attempt.status,
-                        error=attempt.error, duration_ms=duration)
-
-
-#: Why a claim won, but answered after its lease could be confirmed, is not run here.
-LATE_ANSWER = ("running: won, but the store's answer came after the lease could be "
-               "confirmed; a backup takes the run over once the lease has expired")
-
-
-def _reason(request: ClaimRequest, result: ClaimResult, now_ms: float) -> str:
-    outcome = result.outcome
-    if outcome is ClaimOutcome.LATE:
-        return late_error(request, round(now_ms))
-    if outcome is ClaimOutcome.OVERLAP:
-        return OVERLAP_SKIP
-    if outcome is ClaimOutcome.RUNNING:
-        return f"running: attempt {result.attempt} holds a live lease on another instance"
-    if outcome is ClaimOutcome.EARLY:
-        return (f"early: the slot is more than {EARLY_TOLERANCE_MS} ms ahead of the store's "
-                "clock")
-    if outcome is ClaimOutcome.DONE:
-        return "done: this run has already ended"
-    return "taken: another instance won this slot"
-
-
-def _backfill_slots(name: str, schedule: Schedule, lo: int, hi: int, limit: int) -> list[int]:
-    """The slots of ``schedule`` from ``lo`` to ``hi`` (inclusive); ConfigError past ``limit``."""
-    slots: list[int] = []
-    try:
-        at = schedule.latest_at_or_before(lo - 1)
-        while (at := schedule.next_after(at)) <= hi:
-            if len(slots) == limit:
-                raise ConfigError(f"{name}: more than {limit} slots from {_iso(lo)} to "
-                                  f"{_iso(hi)}; backfill a shorter range or raise the limit "
-                                  "(limit=, or --limit of anarchon backfill)")
-            slots.append(at)
-    except OverflowError:  # a cron schedule's slots are datetimes: none before 0001-01-01
-        raise ConfigError(f"invalid backfill range {_iso(lo)} to {_iso(hi)}: {name}'s slots "
-                          "cannot be computed that close to 0001-01-01 or 9999-12-31; start "
-                          "later") from None
-    return slots
-
-
-def _as_slot(value: datetime | int, what: str) -> int:
-    if isinstance(value, datetime):
-        return slot_from_datetime(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"invalid {what} {value!r}: expected an aware datetime or int ms "
-                          "since the epoch")
-    slot_to_datetime(value)  # ConfigError outside 0001-01-01..9999-12-31 UTC
-    return value
-
-
-def _iso(slot: int) -> str:
-    return ms_to_datetime(slot).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def run_forever(*schedulers: Scheduler) -> None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
-from typing import Protocol
 
 from .backend import Backend
+from .clocks import SYSTEM_CLOCK, Clock, SystemClock
 from .errors import StoreUnavailable
 from .events import EventBus, EventKind
 from .health import StoreHealth
@@ -38,31 +37,6 @@ SAMPLES = 3
 WARN_OFFSET_MS = 1_000
 
 
-class Clock(Protocol):
-    """The local clocks: wall time and monotonic time, in seconds."""
-
-    def time(self) -> float:
-        """Seconds since the epoch (``time.time()``)."""
-        ...
-
-    def monotonic(self) -> float:
-        """A clock that never goes back (``time.monotonic()``)."""
-        ...
-
-
-class SystemClock:
-    """The machine's clocks."""
-
-    def time(self) -> float:
-        """``time.time()``."""
-        return time.time()
-
-    def monotonic(self) -> float:
-        """``time.monotonic()``."""
-        return time.monotonic()
-
-
-SYSTEM_CLOCK = SystemClock()
 
 
 class StoreClock:

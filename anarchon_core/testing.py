@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .backend import Backend
 from .backends.common import refuse_write
 from .decision import (
-    HANDED_OVER,
+    CANCELLED,
+    WAITING,
     Action,
     RunState,
     decide,
     lease_is_live,
     needs_overlap_check,
+    released_error,
     update_applies,
 )
 from .models import (
@@ -91,14 +93,25 @@ class MemoryBackend(Backend):
         """The configured clock."""
         return self._clock()
 
-    def _live_elsewhere(self, request: ClaimRequest, now: int) -> bool:
+    def _live_elsewhere(self, request: ClaimRequest, now: int) -> tuple[bool, bool]:
+        """Whether another run of the job holds a live lease, and whether one of those waits."""
+        live = waiting = False
         for (job, slot, manual), attempts in self._runs.items():
             if job != request.job or (slot, manual) == (request.slot, request.manual):
                 continue
             last = attempts[-1]
             if last.status == "running" and lease_is_live(last.lease_until, now):
-                return True
-        return False
+                live = True
+                waiting = waiting or last.error == WAITING
+        return live, waiting
+
+    def _cancel_others(self, request: ClaimRequest, now: int) -> None:
+        for (job, slot, manual), attempts in self._runs.items():
+            last = attempts[-1]
+            if job == request.job and (slot, manual) != (request.slot, request.manual) and \
+                    last.status == "running" and last.lease_until is not None and \
+                    last.lease_until > now:
+                last.error = CANCELLED
 
     async def claim(self, request: ClaimRequest) -> ClaimResult:
         """Apply the lease decision table."""
@@ -109,24 +122,33 @@ class MemoryBackend(Backend):
             attempts = self._runs.get(key, [])
             current = attempts[-1] if attempts else None
             state = (RunState(current.attempt, current.token, current.status,
-                              current.lease_until) if current else None)
-            other = needs_overlap_check(request, state) and self._live_elsewhere(request, now)
-            decision = decide(request, state, now, other)
-            if decision.action is Action.START:
+                              current.lease_until, current.error) if current else None)
+            live, waiting = self._live_elsewhere(request, now) \
+                if needs_overlap_check(request, state) else (False, False)
+            decision = decide(request, state, now, live, waiting)
+            if decision.cancel_others:
+                self._cancel_others(request, now)
+            if decision.action in (Action.START, Action.WAIT):
+                waits = decision.action is Action.WAIT
                 if current is not None:
                     current.status, current.finished_at = "interrupted", now
-                    current.error = current.error or decision.error
+                    current.error = current.error or (None if waits else decision.error)
                     current.lease_until = None
                 attempts.append(_Attempt(decision.attempt, request.token, "running",
-                                         request.runner, decision.lease_until_ms, now))
+                                         request.runner, decision.lease_until_ms, now,
+                                         error=WAITING if waits else None))
                 self._runs[key] = attempts
                 self._trim(request, now)
+            elif decision.action is Action.RESUME and current is not None:
+                current.error, current.lease_until = None, decision.lease_until_ms
             elif decision.action is Action.SKIP:
                 attempts.append(_Attempt(1, request.token, decision.status, request.runner,
                                          None, now, now, decision.error))
             elif decision.action is Action.GIVE_UP and current is not None:
+                # An earlier note (a hand-over, a cancellation) stays, as in the stores.
                 current.status, current.finished_at = "interrupted", now
-                current.error, current.lease_until = decision.error, None
+                current.error = current.error or decision.error
+                current.lease_until = None
             if attempts:
                 self._runs[key] = attempts
             token = request.token if decision.outcome is ClaimOutcome.WON else None
@@ -184,7 +206,7 @@ class MemoryBackend(Backend):
         current = self._current(ref, "release")
         if current is None:
             return False
-        current.lease_until, current.error = self._clock(), HANDED_OVER
+        current.lease_until, current.error = self._clock(), released_error(current.error)
         return True
 
     async def add_meta(self, ref: RunRef, meta: Mapping[str, str]) -> bool:
@@ -195,6 +217,12 @@ class MemoryBackend(Backend):
                 attempt.meta = dump_meta({**load_meta(attempt.meta), **meta})
                 return True
         return False
+
+    async def slot_states(self, slots: Sequence[tuple[str, int]]
+                          ) -> dict[tuple[str, int], str] | None:
+        """The newest attempt's status of each scheduled slot on record."""
+        return {(job, slot): attempts[-1].status for job, slot in slots
+                if (attempts := self._runs.get((job, slot, False)))}
 
     async def expired_runs(self, job: str, limit: int = 100) -> list[ExpiredRun]:
         """Runs of ``job`` still running whose lease expired by the configured clock."""

@@ -18,7 +18,7 @@ or :func:`start`/:func:`stop` inside a process you already run. See docs/django.
 
 from __future__ import annotations
 
-from .registry import cron, every
+from .registry import cron, every, handler
 from .runtime import (
     astart,
     astop,
@@ -33,6 +33,17 @@ from .tasks import schedule
 from .transactions import atomic
 
 __all__ = [
-    "astart", "astop", "atomic", "build_scheduler", "cron", "every", "get_reader",
-    "get_scheduler", "requested_by", "schedule", "start", "stop",
+    "astart",
+    "astop",
+    "atomic",
+    "build_scheduler",
+    "cron",
+    "every",
+    "get_reader",
+    "get_scheduler",
+    "handler",
+    "requested_by",
+    "schedule",
+    "start",
+    "stop",
 ]

@@ -11,10 +11,15 @@ viewing needs ``anarchon_django.view_job`` / ``view_run``, "run now" needs
 ``anarchon_django.run_job``, "pause" and "resume" (for every worker) need
 ``anarchon_django.pause_job``. Nothing can be added, changed or deleted.
 
+The schedules kept in the database have a normal admin of their own
+(:mod:`anarchon_django.scheduleadmin`, imported at the end of this module).
+
 With a custom admin site, register them on it::
 
     site.register(anarchon_django.models.Job, anarchon_django.admin.JobAdmin)
     site.register(anarchon_django.models.Run, anarchon_django.admin.RunHistoryAdmin)
+    site.register(anarchon_django.models.Schedule,
+                  anarchon_django.scheduleadmin.ScheduleAdmin)
 """
 
 from __future__ import annotations
@@ -84,6 +89,24 @@ def _target(request: HttpRequest, default: str) -> str:
                                            require_https=request.is_secure()):
         return default
     return target
+
+
+def report_run_now(request: HttpRequest, result: views.RunNowResult) -> None:
+    """Tell the user who pressed "run now" how the run went, as an admin message."""
+    name = result.job
+    # The admin capitalises a message's first letter: the job name, case-sensitive,
+    # never comes first.
+    if result.error:
+        messages.error(request, f"Manual run of {name!r} could not start: {result.error}")
+    elif result.run is None:
+        messages.info(request, f"Manual run of {name!r} is running now in this process; "
+                      "it shows as running in history until it ends.")
+    elif result.run.status == "success":
+        messages.success(request, f"Manual run of {name!r} succeeded in "
+                         f"{result.run.duration_ms} ms.")
+    else:
+        messages.warning(request, f"Manual run of {name!r} ended {result.run.status}: "
+                         f"{result.run.error or 'no error text'}")
 
 
 def _reader(errors: list[str]) -> Scheduler | None:
@@ -224,20 +247,7 @@ class JobAdmin(_StoreAdmin):
             return HttpResponseRedirect(target)
         who = request.user.get_username()
         log.info("%s asked to run %r now", who, name)
-        result = views.run_now(name, who=who)
-        # The admin capitalises a message's first letter: the job name, case-sensitive,
-        # never comes first.
-        if result.error:
-            messages.error(request, f"Manual run of {name!r} could not start: {result.error}")
-        elif result.run is None:
-            messages.info(request, f"Manual run of {name!r} is running now in this process; "
-                          "it shows as running below until it ends.")
-        elif result.run.status == "success":
-            messages.success(request, f"Manual run of {name!r} succeeded in "
-                             f"{result.run.duration_ms} ms.")
-        else:
-            messages.warning(request, f"Manual run of {name!r} ended {result.run.status}: "
-                             f"{result.run.error or 'no error text'}")
+        report_run_now(request, views.run_now(name, who=who))
         return HttpResponseRedirect(target)
 
     def pause_view(self, request: HttpRequest) -> HttpResponse:
@@ -282,3 +292,7 @@ class JobAdmin(_StoreAdmin):
         else:
             messages.info(request, f"Nothing to resume: {name!r} was not paused.")
         return HttpResponseRedirect(target)
+
+
+# The Schedule admin uses the helpers above; importing it registers it on the default site.
+from . import scheduleadmin  # noqa: E402, F401

@@ -15,7 +15,7 @@ id                      problem
 ``anarchon.E008``       a bad scheduler setting (lease timings, history, instance id...)
 ``anarchon.E009``       ``JOB_DEFAULTS`` is not a dict, or has unknown/unusable options
 ``anarchon.E010``       a declared job is invalid with these settings
-``anarchon.E011``       a bad admin setting
+``anarchon.E011``       a bad ``ADMIN_READ_ONLY`` or ``DATABASE_SCHEDULES``
 ``anarchon.E012``       a bad ``TASKS`` entry (the message names it)
 ======================  ==========================================================
 """

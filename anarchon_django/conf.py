@@ -50,10 +50,14 @@ DEFAULTS: dict[str, Any] = {
     "ADMIN_RUN_NOW_WAIT_MS": 5_000,
     # Scheduled tasks by job name (anarchon_django.tasks), checked as anarchon.E012.
     "TASKS": {},
+    # The Schedule table (schedules in the database): read by every worker (True, False,
+    # or the target kinds its rows may have), polled for changes this often.
+    "DATABASE_SCHEDULES": True,
+    "SCHEDULES_POLL_MS": 2_000,
 }
 #: Job options accepted in ``JOB_DEFAULTS`` and by the decorators.
 JOB_OPTIONS = ("timeout_ms", "jitter_ms", "max_late_ms", "overlap", "max_attempts",
-               "catch_up_ms")
+               "catch_up_ms", "catch_up")
 #: URL schemes whose backends take a ``table`` (SQL) or a ``prefix`` (the others).
 _SQL_SCHEMES = frozenset({"postgresql", "postgres", "sqlite"})
 _PREFIX_SCHEMES = frozenset({"redis", "rediss", "valkey", "valkeys", "amqp", "amqps", "nats",
@@ -63,6 +67,8 @@ _DJANGO_ONLY_PG_OPTIONS = frozenset({"isolation_level", "server_side_binding", "
                                      "assume_role", "cursor_factory", "prepare_threshold",
                                      "context"})
 DEFAULT_TABLE = "anarchon_runs"
+#: The target kinds ``DATABASE_SCHEDULES`` may list.
+SCHEDULE_KINDS = ("handler", "task", "celery")
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,9 @@ class Settings:
     admin_read_only: bool
     admin_run_now_wait_ms: int
     database: DatabaseTarget | None = None
+    #: True, False, or the target kinds of the rows this project's workers run.
+    database_schedules: bool | tuple[str, ...] = True
+    schedules_poll_ms: int = 2_000
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def scheduler_options(self) -> dict[str, Any]:
@@ -207,6 +216,8 @@ _INT_HINTS = {
                              "at once.",
     "HISTORY_SIZE": "The number of runs kept per job, e.g. 1000.",
     "HANDLER_THREADS": "The number of threads running plain `def` handlers, e.g. 32.",
+    "SCHEDULES_POLL_MS": "A duration in whole milliseconds, e.g. 2000: a change to a "
+                         "database schedule is live on every worker within about this.",
 }
 
 
@@ -335,6 +346,17 @@ def parse(raw: object | None = None) -> tuple[Settings | None, list[Problem]]:
                                 "expected a non-empty string or None.",
                                 "None records '<hostname>:<pid>' in history."))
         instance_id = None
+    poll_ms = _int(raw, "SCHEDULES_POLL_MS", problems, minimum=100, optional=False)
+    database_schedules = raw.get("DATABASE_SCHEDULES", True)
+    if isinstance(database_schedules, list | tuple) and database_schedules and \
+            set(database_schedules) <= set(SCHEDULE_KINDS):
+        database_schedules = tuple(database_schedules)
+    elif not isinstance(database_schedules, bool):
+        problems.append(Problem(
+            "anarchon.E011", f"ANARCHON['DATABASE_SCHEDULES'] is {database_schedules!r}: "
+            f"expected True, False or a list of target kinds ({', '.join(SCHEDULE_KINDS)}).",
+            "E.g. ['handler', 'task'] when Celery beats send the Celery-task rows."))
+        database_schedules = True
     read_only = raw.get("ADMIN_READ_ONLY", True)
     if not isinstance(read_only, bool):
         problems.append(Problem("anarchon.E011", f"ANARCHON['ADMIN_READ_ONLY'] is "
@@ -355,7 +377,9 @@ def parse(raw: object | None = None) -> tuple[Settings | None, list[Problem]]:
         handler_threads=threads or DEFAULTS["HANDLER_THREADS"],
         job_defaults=dict(job_defaults), admin_read_only=read_only,
         admin_run_now_wait_ms=DEFAULTS["ADMIN_RUN_NOW_WAIT_MS"] if wait_ms is None else wait_ms,
-        database=database, raw=dict(raw),
+        database=database, database_schedules=database_schedules,
+        schedules_poll_ms=DEFAULTS["SCHEDULES_POLL_MS"] if poll_ms is None else poll_ms,
+        raw=dict(raw),
     )
     try:
         built = build_backend(parsed)

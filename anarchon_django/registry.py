@@ -16,13 +16,16 @@ from typing import Any, Literal, TypeVar, overload
 from anarchon_core import ConfigError, CronSchedule, EverySchedule, Schedule
 from anarchon_core.durations import Duration
 from anarchon_core.naming import validate_job_name
+from anarchon_core.schedules import Dst
 
-__all__ = ["Declaration", "cron", "declarations", "every", "forget"]
+__all__ = ["Declaration", "cron", "declarations", "every", "forget", "handler", "handlers"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _lock = threading.RLock()
 _declared: dict[str, Declaration] = {}
+#: Handlers that database schedules name as their target (``@handler("send-digest")``).
+_handlers: dict[str, Callable[..., Any]] = {}
 #: Called with each new declaration (the runtime adds it to a scheduler already built).
 _listeners: list[Callable[[Declaration], None]] = []
 
@@ -31,7 +34,8 @@ _listeners: list[Callable[[Declaration], None]] = []
 class Declaration:
     """One job declared in a ``jobs.py``: its schedule, handler and options.
 
-    ``tz`` is None for a cron job that follows ``settings.TIME_ZONE``.
+    ``tz`` is None for a cron job that follows ``settings.TIME_ZONE``; ``dst`` is a cron
+    job's DST choice (None: cron(8)'s rule).
     """
 
     name: str
@@ -41,6 +45,7 @@ class Declaration:
     offset: Any = 0
     tz: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    dst: Dst = None
 
     @property
     def module(self) -> str:
@@ -60,7 +65,7 @@ class Declaration:
         """A fresh schedule object (ConfigError for a bad interval, expression or zone)."""
         if self.kind == "every":
             return EverySchedule(self.spec, self.offset)
-        return CronSchedule(self.spec, self.zone())
+        return CronSchedule(self.spec, self.zone(), self.dst)
 
 
 def _declare(declaration: Declaration) -> None:
@@ -132,26 +137,28 @@ def every(name: str, interval: Duration, handler: Callable[..., Any] | None = No
 
 @overload
 def cron(name: str, expression: str, handler: None = None, *, tz: str | None = None,
-         **options: Any) -> Callable[[F], F]: ...
+         dst: Dst = None, **options: Any) -> Callable[[F], F]: ...
 @overload
 def cron(name: str, expression: str, handler: F, *, tz: str | None = None,
-         **options: Any) -> F: ...
+         dst: Dst = None, **options: Any) -> F: ...
 
 
 def cron(name: str, expression: str, handler: Callable[..., Any] | None = None, *,
-         tz: str | None = None, **options: Any) -> Any:
+         tz: str | None = None, dst: Dst = None, **options: Any) -> Any:
     """Declare a cron job, e.g. ``@cron("daily-report", "0 8 * * *")``.
 
     The expression is read in ``tz``, by default the project's ``TIME_ZONE`` (UTC when
-    unset). Options as for :func:`every`, and like it, it schedules a ``Task`` it decorates.
+    unset). ``dst`` as in :meth:`anarchon_core.Scheduler.cron` (``"once_last"``,
+    ``"skip"``...; by default cron(8)'s rule). Options as for :func:`every`, and like
+    it, it schedules a ``Task`` it decorates.
     """
     if tz is not None and not isinstance(tz, str):
         raise ConfigError(f"invalid tz {tz!r} for job {name!r}: expected an IANA zone name")
 
     def add(fn: F) -> F:
-        if _scheduled_task(fn, name, cron=expression, tz=tz, **options):
+        if _scheduled_task(fn, name, cron=expression, tz=tz, dst=dst, **options):
             return fn
-        _declare(Declaration(name, "cron", expression, fn, tz=tz, options=options))
+        _declare(Declaration(name, "cron", expression, fn, tz=tz, options=options, dst=dst))
         return fn
 
     return add if handler is None else add(handler)
@@ -170,6 +177,47 @@ def forget(name: str) -> bool:
 
 
 def add_listener(listener: Callable[[Declaration], None]) -> None:
-    """Call ``listener`` with every declaration made from now on."""
+    """Call ``listener`` with every declaration made from now on (once, if added again).
+
+    The app registry may become ready more than once in a process (a change of
+    ``INSTALLED_APPS`` under a test runner runs ``AppConfig.ready()`` again).
+    """
     with _lock:
-        _listeners.append(listener)
+        if listener not in _listeners:
+            _listeners.append(listener)
+
+
+def handler(name: str) -> Callable[[F], F]:
+    """Register a function as a target of database schedules: ``@handler("send-digest")``.
+
+    A :class:`~anarchon_django.models.Schedule` whose ``target`` is ``"send-digest"``
+    runs it at each slot as ``fn(ctx, *schedule.args, **schedule.kwargs)``; ``ctx`` is
+    the run's :class:`~anarchon_core.JobContext`. Names are unique across the project.
+    """
+    if not isinstance(name, str) or not 0 < len(name) <= 300:
+        raise ConfigError(f"invalid handler name {name!r}: expected a text of 1 to 300 "
+                          "characters")
+
+    def add(fn: F) -> F:
+        if not callable(fn):
+            raise ConfigError(f"invalid handler {fn!r} for {name!r}: not callable")
+        with _lock:
+            old = _handlers.get(name)
+            if old is not None and _function_key(old) != _function_key(fn):
+                raise ConfigError(f"handler {name!r} is registered twice: in "
+                                  f"{getattr(old, '__module__', '?')} and in "
+                                  f"{getattr(fn, '__module__', '?')}")
+            _handlers[name] = fn
+        return fn
+
+    return add
+
+
+def _function_key(fn: Callable[..., Any]) -> tuple[str, str]:
+    return str(getattr(fn, "__module__", "?")), str(getattr(fn, "__qualname__", fn))
+
+
+def handlers() -> dict[str, Callable[..., Any]]:
+    """Every handler registered with :func:`handler`, by name."""
+    with _lock:
+        return dict(_handlers)

@@ -24,10 +24,12 @@ from django.db import close_old_connections
 
 from anarchon_core import ConfigError, JobContext, Scheduler
 
-from . import conf, registry, tasks
+from . import conf, dbschedules, registry, tasks
 
 __all__ = [
-    "astart", "astop", "build_scheduler", "get_reader", "get_scheduler", "register_job",
+    "astart", "astop", "build_scheduler", "get_reader", "get_scheduler", "load_schedule",
+    "load_schedules",
+    "register_job",
     "requested_by", "reset", "start", "stop", "wrap_handler",
 ]
 
@@ -37,6 +39,8 @@ _lock = threading.RLock()
 _scheduler: Scheduler | None = None
 _reader: Scheduler | None = None
 _ready = False
+#: The names :func:`load_schedule` registered on the process's scheduler.
+_row_jobs: set[str] = set()
 #: Who asked for a manual run (recorded as ``meta["requested_by"]``).
 _requested_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "anarchon_django_requested_by", default=None)
@@ -121,7 +125,7 @@ def register_job(scheduler: Scheduler, declaration: registry.Declaration,
                             offset=declaration.offset, **options)
         else:
             scheduler.cron(declaration.name, declaration.spec, handler,
-                           tz=declaration.zone(), **options)
+                           tz=declaration.zone(), dst=declaration.dst, **options)
     except ConfigError as exc:
         raise ConfigError(f"job {declaration.name!r} (declared in {declaration.module}): "
                           f"{exc}") from exc
@@ -129,6 +133,9 @@ def register_job(scheduler: Scheduler, declaration: registry.Declaration,
 
 def build_scheduler(*, read_only: bool = False) -> Scheduler:
     """A new scheduler from the settings, with every declared job (none when read-only).
+
+    Unless ``DATABASE_SCHEDULES`` is False, it also runs the ``Schedule`` table's jobs,
+    polled every ``SCHEDULES_POLL_MS`` while it runs.
 
     ``read_only`` builds a history reader whose backend writes nothing, where the backend
     supports it. Connects to nothing until used. For the shared instance of the process
@@ -145,6 +152,11 @@ def build_scheduler(*, read_only: bool = False) -> Scheduler:
                                        "for every problem)")
         for declaration in registry.declarations():
             register_job(scheduler, declaration, parsed.job_defaults)
+        if parsed.database_schedules:
+            kinds = parsed.database_schedules \
+                if isinstance(parsed.database_schedules, tuple) else None
+            dbschedules.attach(scheduler, defaults=parsed.job_defaults,
+                               interval_s=parsed.schedules_poll_ms / 1000, kinds=kinds)
     return scheduler
 
 
@@ -166,6 +178,48 @@ def get_scheduler() -> Scheduler:
         if _scheduler is None:
             _scheduler = build_scheduler()
         return _scheduler
+
+
+def load_schedules() -> Scheduler:
+    """The process's scheduler with the ``Schedule`` table's jobs loaded now (blocking).
+
+    A running scheduler keeps them up to date itself; one that is not running (a web
+    process that only shows the admin) loads them here, e.g. before a "run now".
+    """
+    scheduler = get_scheduler()
+    if not scheduler.running:
+        for sync in scheduler.sources:
+            sync.poll_now()
+    return scheduler
+
+
+def load_schedule(name: str) -> Scheduler:
+    """The process's scheduler with the ``Schedule`` row ``name`` registered (blocking).
+
+    For a "run now" in a process whose scheduler does not run (a web process that only
+    shows the admin): that one row is read, not the table. A running scheduler, or a row
+    that is not there, leaves the scheduler as it is; a row that is not a job raises
+    :class:`~anarchon_core.ConfigError` saying why.
+    """
+    scheduler = get_scheduler()
+    sources = [s.source for s in scheduler.sources
+               if isinstance(s.source, dbschedules.DatabaseSchedules)]
+    if scheduler.running or not sources:
+        return scheduler
+    with _lock:
+        if scheduler.has_job(name) and name not in _row_jobs:
+            return scheduler  # declared in code: a row of that name is not scheduled
+        found = sources[0].by_name(name)  # read again each time: it may have changed
+        if scheduler.has_job(name):
+            scheduler.remove(name)
+        _row_jobs.discard(name)
+        if isinstance(found, str):
+            raise ConfigError(found)
+        if found is not None:
+            scheduler.add(found.name, found.schedule, dbschedules.handler_for(found),
+                          **dict(found.options))
+            _row_jobs.add(name)
+    return scheduler
 
 
 def get_reader() -> Scheduler:
@@ -227,6 +281,7 @@ def reset() -> None:
     with _lock:
         old = [s for s in (_scheduler, _reader) if s is not None]
         _scheduler = _reader = None
+        _row_jobs.clear()
     for scheduler in old:
         try:
             scheduler.sync.stop(0)

@@ -219,7 +219,7 @@ def schedule(task: Any, *, every: Any = None, cron: str | None = None,
     """Schedule a ``Task`` defined elsewhere; returns the task.
 
     Exactly one of ``every`` (an interval, with ``offset=`` in ``options``) and ``cron``
-    (an expression, with ``tz=``). ``name`` is the job's name, by default the task's
+    (an expression, with ``tz=`` and ``dst=``). ``name`` is the job's name, by default the task's
     module path. ``queue_name``, ``priority`` and ``backend`` go to ``task.using()``;
     ``args`` and ``kwargs`` (JSON) to ``enqueue()``. Other ``options`` as for
     :func:`anarchon_django.every`.
@@ -273,7 +273,7 @@ def entries_from_settings(raw: object) -> Iterator[tuple[str, dict[str, Any] | N
 
     from .conf import JOB_OPTIONS  # noqa: PLC0415
 
-    known = ("task", "every", "cron", "tz", "offset", *_TARGET_KEYS, *JOB_OPTIONS)
+    known = ("task", "every", "cron", "tz", "dst", "offset", *_TARGET_KEYS, *JOB_OPTIONS)
     for name, entry in raw.items():
         where = f"ANARCHON['TASKS'][{name!r}]"
         if not isinstance(entry, Mapping):

@@ -322,6 +322,11 @@ def run_now(job: str, *, who: str, wait_ms: int | None = None) -> RunNowResult:
         wait_ms = conf.load().admin_run_now_wait_ms
     scheduler = runtime.get_scheduler()
     try:
+        if not scheduler.running:  # a schedule in the database is read here
+            scheduler = runtime.load_schedule(job)
+    except Exception as exc:  # noqa: BLE001 - reported to the user who pressed the button
+        return RunNowResult(job, None, str(exc))
+    try:
         with runtime.requested_by(who):
             run = scheduler.sync.run_now(job, timeout=wait_ms / 1000)
     except (concurrent.futures.TimeoutError, TimeoutError):

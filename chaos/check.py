@@ -30,14 +30,29 @@ What it counts, per job (slots are the job's scheduled times, ms since the epoch
   paused again after it woke up fenced has no lease left to lose. A takeover clearly
   before that window (negative beyond a tolerance) would mean a live lease was broken and
   fails the run.
+  A hand-over (SIGTERM) is taken within two heartbeats plus the tolerance of the
+  runner's handler returning, unless another fault (a backup killed, SIGSTOPped or
+  partitioned, the store down) came between: a slower one fails the run.
+* **claims/slot**: claim answers per due slot across the fleet, from each instance's
+  ``<pid>.claims`` log (shown, not judged).
 * **missed**: due slots with no record at all, with the reason: the store was down
   during their claim window, no instance was alive and unpaused, or unexplained.
 * **overlap**: two executions of one slot (different tokens) whose handler code ran at
   the same time: from one's ``start`` line to its ``exit`` line (written when the code
   returned, however it ended) or the death of its process, by the monotonic clock. Excused
   only when the earlier runner was frozen by SIGSTOP meanwhile (a zombie cannot be told
-  it lost its lease; shown apart). Must be 0. **slot overlap** counts the same across
-  slots of one job (``overlap=False`` jobs): shown.
+  it lost its lease; shown apart). Must be 0.
+* **runs at once**: the same across slots of one job. On a lease backend every overlap
+  policy but ``allow`` promises that no two runs of a job run at once (``skip``,
+  ``buffer_one``, ``cancel_other``): such an overlap fails the run, excused only for a
+  zombie as above. ``allow`` jobs, claim-only backends and runs saved without the job's
+  policy: shown.
+* Overlap policies (lease backends): ``buffer_one``: a buffered slot runs at most once: a
+  handler that began after a later attempt of its slot had been claimed fails the run
+  (a waiting attempt starts only on the store's word), unless its runner was SIGSTOPped in
+  between. ``cancel_other``: every run a later slot cancelled is recorded
+  ``interrupted`` once the fleet settled. Runs the policy cancelled are counted by
+  reason, not listed as never taken over.
 * **faults**: the faults the run requested and how often each was applied. A requested
   fault never applied, or one that could not be set up, fails the run unless it was
   waived (``--allow-missing-fault``); faults that cannot apply to the backend are listed
@@ -73,6 +88,8 @@ __all__ = ["BackendReport", "JobReport", "check_run", "format_report", "format_s
 EARLY_TOLERANCE_MS = 50
 LATE_TOLERANCE_MS = 250
 SKEW_TOLERANCE_MS = 1_500
+#: How history notes the runs an overlap policy interrupted on purpose (never retried).
+POLICY_INTERRUPTIONS = ("cancelled",)
 
 
 @dataclass
@@ -105,7 +122,11 @@ class JobReport:
     """The verdict on one job of one run."""
 
     name: str
+    #: The job's overlap policy on a lease backend (None: claim-only, or not saved).
+    policy: str | None = None
     due: int = 0
+    #: Claim answers each due slot got across the fleet (its instances' claim logs).
+    claims: list[int] = field(default_factory=list)
     run: int = 0
     successes: int = 0
     #: Slots with a success in history, in the window or not (a shifted clock runs some early).
@@ -118,8 +139,9 @@ class JobReport:
     takeovers: int = 0
     takeover_delays_ms: list[float] = field(default_factory=list)
     handover_delays_ms: list[float] = field(default_factory=list)
-    #: Hand-overs not taken over within lease/2 of the runner's handler returning, with no
-    #: other fault or store outage meanwhile (a release undone looks like this).
+    #: Hand-overs not taken over within two heartbeats (+ tolerance) of the runner's handler
+    #: returning, with no other fault or store outage meanwhile (a release undone looks
+    #: like this).
     slow_handovers: list[str] = field(default_factory=list)
     early_takeovers: list[str] = field(default_factory=list)
     takeover_causes: Counter[str] = field(default_factory=Counter)
@@ -135,6 +157,14 @@ class JobReport:
     overlaps: list[str] = field(default_factory=list)
     zombie_overlaps: list[str] = field(default_factory=list)
     slot_overlaps: list[str] = field(default_factory=list)
+    #: Two runs of a job at once under a policy that forbids it (not a zombie).
+    policy_overlaps: list[str] = field(default_factory=list)
+    #: ``buffer_one``: a slot's handler began after a later attempt had been claimed.
+    buffered_twice: list[str] = field(default_factory=list)
+    #: ``cancel_other``: a cancelled run not recorded ``interrupted``.
+    cancelled_unrecorded: list[str] = field(default_factory=list)
+    #: ``interrupted`` attempts in the window by reason (the error up to its colon).
+    interrupted_by: Counter[str] = field(default_factory=Counter)
     failover_loss: list[str] = field(default_factory=list)
     #: Side effects made twice because the first runner was cut off from the store right
     #: after making it, for longer than its lease: its end could not be recorded (the
@@ -179,6 +209,10 @@ class BackendReport:
             out += [f"{j.name}: fenced side effect after takeover {d}" for d in j.fenced_effects]
             out += [f"{j.name}: takeover before lease expiry {d}" for d in j.early_takeovers]
             out += [f"{j.name}: two attempts ran at once {d}" for d in j.overlaps]
+            out += [f"{j.name}: two runs at once {d}" for d in j.policy_overlaps]
+            out += [f"{j.name}: buffered slot ran twice {d}" for d in j.buffered_twice]
+            out += [f"{j.name}: cancelled run not recorded interrupted {d}"
+                    for d in j.cancelled_unrecorded]
             out += [f"{j.name}: slow hand-over {d}" for d in j.slow_handovers]
         out += self.skew_problems
         out += self.fault_problems
@@ -218,6 +252,31 @@ def _intervals(events: list[FaultEvent], start: str, end: str,
     return out
 
 
+def _merge_spans(*groups: dict[int | None, list[tuple[float, float]]]
+                 ) -> dict[int | None, list[tuple[float, float]]]:
+    out: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
+    for group in groups:
+        for key, spans in group.items():
+            out[key] += spans
+    return out
+
+
+def read_claims(directory: Path) -> Counter[tuple[str, int]]:
+    """Claim answers per (job, slot), from the instances' ``<pid>.claims`` files.
+
+    A line cut short by a killed instance is skipped.
+    """
+    out: Counter[tuple[str, int]] = Counter()
+    for path in sorted(directory.glob("*.claims")):
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                out[(str(row["job"]), int(row["slot"]))] += 1
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
+
+
 def _overlaps(spans: list[tuple[float, float]], lo: float, hi: float) -> bool:
     return any(a <= hi and b >= lo for a, b in spans)
 
@@ -245,6 +304,7 @@ def check_run(workdir: Path) -> BackendReport:
     failovers = [e for e in events if e.kind == "failover"]
     tolerate = bool(meta.get("tolerate_failover_loss"))
 
+    claims = read_claims(workdir / "ledger")
     jobs = []
     for spec in meta["jobs"]:
         name = spec["name"]
@@ -261,8 +321,12 @@ def check_run(workdir: Path) -> BackendReport:
             lifetimes=lifetimes,
             history_complete=meta.get("history_complete", True),
         ))
+        if claims:
+            jobs[-1].claims = [claims[(name, slot)] for slot in _grid(
+                spec["interval_ms"], spec.get("offset_ms", 0), begin, end)]
         if meta.get("exit_lines"):
-            _check_overlaps(jobs[-1], entries, deaths=deaths, paused=paused, clock=clock)
+            _check_overlaps(jobs[-1], entries, deaths=deaths, paused=paused, clock=clock,
+                            policy=spec.get("overlap") if leases else None)
         if tolerate:
             _move_failover_loss(jobs[-1], history, entries, failovers, lease_ms)
     skew, skew_problems = _check_skew(events, ledger, clock, meta.get("skew", False))
@@ -331,8 +395,12 @@ def _deaths(events: list[FaultEvent]) -> dict[int, int]:
 
 def _check_overlaps(report: JobReport, entries: list[LedgerEntry], *, deaths: dict[int, int],
                     paused: dict[int | None, list[tuple[float, float]]],
-                    clock: _Clock) -> None:
-    """Executions of this job whose code ran at the same time (same slot, or any slot)."""
+                    clock: _Clock, policy: str | None = None) -> None:
+    """Executions of this job whose code ran at the same time (same slot, or any slot).
+
+    ``policy`` is the job's overlap policy on a lease backend (None: not judged across
+    slots): under any but ``allow``, two slots at once fail the run unless a zombie.
+    """
     runs: dict[str, dict[str, Any]] = {}
     for e in entries:
         if not e.mono_ns:
@@ -360,7 +428,12 @@ def _check_overlaps(report: JobReport, entries: list[LedgerEntry], *, deaths: di
                     f"{b['attempt']} (pid {b['pid']}) began")
             zombie = _overlaps(paused.get(a["pid"], []), clock.wall(a0), clock.wall(b0))
             if a["slot"] != b["slot"]:
-                report.slot_overlaps.append(line)
+                if policy in (None, "allow"):
+                    report.slot_overlaps.append(line)
+                elif zombie:
+                    report.zombie_overlaps.append(line + " (its process was SIGSTOPped)")
+                else:
+                    report.policy_overlaps.append(f"{line} (overlap {policy})")
             elif zombie:
                 report.zombie_overlaps.append(line + " (its process was SIGSTOPped)")
             else:
@@ -378,7 +451,7 @@ def _move_failover_loss(report: JobReport, history: list[HistoryRun],
     def around(slot: int) -> bool:
         return any(abs(f.wall_ms - slot) <= near for f in failovers)
 
-    for name in ("dup_success", "lost", "overlaps"):
+    for name in ("dup_success", "lost", "overlaps", "policy_overlaps"):
         kept = []
         for line in getattr(report, name):
             slot = int(line.split("slot ", 1)[1].split()[0].rstrip(":"))
@@ -412,7 +485,8 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
                lifetimes: dict[int, tuple[float, float]], history_complete: bool) -> JobReport:
     name = spec["name"]
     interval, max_late, jitter = spec["interval_ms"], spec["max_late_ms"], spec["jitter_ms"]
-    report = JobReport(name)
+    policy: str | None = spec.get("overlap") if leases else None
+    report = JobReport(name, policy)
     by_slot: dict[int, list[HistoryRun]] = defaultdict(list)
     for r in history:
         by_slot[r.slot].append(r)
@@ -460,21 +534,34 @@ def _check_job(spec: dict[str, Any], history: list[HistoryRun], entries: list[Le
                 (report.failed if r.status == "failed" else report.skipped)[kind] += 1
             elif r.status == "interrupted":
                 report.interrupted += 1
+                report.interrupted_by[(r.error or "?").split(":")[0]] += 1
         _check_attempts(report, slot, runs, starts.get(slot, []), slot_ends, leases=leases,
                         clock=clock, history_complete=history_complete)
+        if policy == "buffer_one":
+            _check_buffered_once(report, slot, runs, starts.get(slot, []), paused=paused,
+                                 clock=clock)
+        if policy == "cancel_other" and window[0] <= slot <= window[1]:
+            report.cancelled_unrecorded += [
+                f"slot {slot} attempt {r.attempt} on {r.runner}: '{r.status}' ({r.error})"
+                for r in runs if (r.error or "").startswith("cancelled")
+                and r.status != "interrupted"]
         if leases and runs and window[0] <= slot <= window[1] and \
-                runs[-1].status == "interrupted" and runs[-1].attempt < spec.get("max_attempts", 3):
+                runs[-1].status == "interrupted" and \
+                runs[-1].attempt < spec.get("max_attempts", 3) and \
+                not (runs[-1].error or "").startswith(POLICY_INTERRUPTIONS):
             report.not_taken_over.append(
                 f"slot {slot}: attempt {runs[-1].attempt} on {runs[-1].runner} ended "
                 f"'interrupted' ({runs[-1].error}) and no backup took over")
         if leases:
             _check_takeovers(report, slot, runs, starts.get(slot, []), lease_ms=lease_ms,
                              heartbeat_ms=heartbeat_ms, events=events, store_down=store_down,
-                             exits=exits)
+                             exits=exits, held=_merge_spans(paused, partitions),
+                             waits=policy in ("buffer_one", "cancel_other"))
         elif any(r.attempt > 1 for r in runs):
             report.dup_success.append(f"slot {slot}: attempt > 1 on a claim-only backend")
-        _check_timing(report, slot, starts.get(slot, []), leases=leases, max_late=max_late,
-                      clock=clock, events=events)
+        _check_timing(report, slot, starts.get(slot, []), leases=leases,
+                      max_late=None if policy == "buffer_one" else max_late, clock=clock,
+                      events=events)
 
     for slot in due:
         if by_slot.get(slot) or starts.get(slot):
@@ -517,11 +604,12 @@ def _end_cut_off(ends: list[LedgerEntry], starts: list[LedgerEntry],
 
 
 def _check_timing(report: JobReport, slot: int, starts: list[LedgerEntry], *, leases: bool,
-                  max_late: int, clock: _Clock, events: list[FaultEvent]) -> None:
+                  max_late: int | None, clock: _Clock, events: list[FaultEvent]) -> None:
     """Handlers that began before their slot, or a first attempt past ``max_late_ms``.
 
     Judged by real time (the ledger's monotonic stamp on the harness's clock), whatever
-    the runner's own wall clock said.
+    the runner's own wall clock said. ``max_late`` None: lateness not judged (a
+    ``buffer_one`` slot waits for the run before it by design).
     """
     timed = sorted((clock.wall(e.mono_ns), e) for e in starts if e.mono_ns)
     if not timed:
@@ -532,7 +620,8 @@ def _check_timing(report: JobReport, slot: int, starts: list[LedgerEntry], *, le
         report.early_starts.append(
             f"slot {slot}: handler began {slot - began:.0f} ms before its time on pid "
             f"{first.pid} ({shift})")
-    elif first.attempt == 1 and began > slot + max_late + LATE_TOLERANCE_MS:
+    elif max_late is not None and first.attempt == 1 and \
+            began > slot + max_late + LATE_TOLERANCE_MS:
         report.late_starts.append(
             f"slot {slot}: first attempt began {began - slot:.0f} ms after its time "
             f"(max_late_ms={max_late}) on pid {first.pid} ({shift})")
@@ -579,15 +668,7 @@ def _check_attempts(report: JobReport, slot: int, runs: list[HistoryRun],
         report.lost.append(f"slot {slot} attempt {runs[-1].attempt}: 'running' in history "
                            "after the fleet settled, and no handler ever started")
     # Work by an attempt after a later attempt of the slot was claimed.
-    for later in runs:
-        if later.attempt < 2:
-            continue
-        marks = [e.mono_ns for e in starts if e.attempt == later.attempt and e.mono_ns]
-        if later.started_ms is not None:
-            marks.append(clock.mono(later.started_ms))
-        if not marks:
-            continue
-        taken_at = min(marks)
+    for later, taken_at in _taken_over_at(runs, starts, clock):
         for e in [*starts, *ends]:
             if e.attempt < later.attempt and e.mono_ns and e.mono_ns > taken_at:
                 line = (f"slot {slot}: attempt {e.attempt} (pid {e.pid}) wrote '{e.event}' "
@@ -597,10 +678,61 @@ def _check_attempts(report: JobReport, slot: int, runs: list[HistoryRun],
                     line)
 
 
+def _taken_over_at(runs: list[HistoryRun], starts: list[LedgerEntry],
+                   clock: _Clock) -> list[tuple[HistoryRun, int]]:
+    """Each later attempt of a slot, with the first instant (monotonic ns) it was claimed.
+
+    That is its handler's start or its recorded start, whichever is known first.
+    """
+    out = []
+    for later in runs:
+        if later.attempt < 2:
+            continue
+        marks = [e.mono_ns for e in starts if e.attempt == later.attempt and e.mono_ns]
+        if later.started_ms is not None:
+            marks.append(clock.mono(later.started_ms))
+        if marks:
+            out.append((later, min(marks)))
+    return out
+
+
+def _check_buffered_once(report: JobReport, slot: int, runs: list[HistoryRun],
+                         starts: list[LedgerEntry], *,
+                         paused: dict[int | None, list[tuple[float, float]]],
+                         clock: _Clock) -> None:
+    """``buffer_one``: a handler that began after a later attempt of its slot was claimed.
+
+    A waiting attempt starts only when the store answers its own token ``won``, so such a
+    start is the slot run twice, unless its runner was SIGSTOPped between its attempt's
+    claim and that start (a zombie that woke up; it stops at its first lease check).
+    """
+    known = {r.attempt: r for r in runs}
+    for later, taken_at in _taken_over_at(runs, starts, clock):
+        for e in starts:
+            if e.attempt >= later.attempt or not e.mono_ns or e.mono_ns <= taken_at:
+                continue
+            began = clock.wall(e.mono_ns)
+            claimed = known[e.attempt].started_ms if e.attempt in known else None
+            if _overlaps(paused.get(e.pid, []), claimed or began - 60_000, began):
+                continue
+            report.buffered_twice.append(
+                f"slot {slot}: attempt {e.attempt} (pid {e.pid}) began "
+                f"{(e.mono_ns - taken_at) / 1e6:.0f} ms after attempt {later.attempt} was "
+                "claimed, its runner never SIGSTOPped")
+
+
 def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
                      starts: list[LedgerEntry], *, lease_ms: int, heartbeat_ms: int,
                      events: list[FaultEvent], store_down: list[tuple[float, float]],
-                     exits: dict[tuple[int, int], float] | None = None) -> None:
+                     exits: dict[tuple[int, int], float] | None = None,
+                     held: dict[int | None, list[tuple[float, float]]] | None = None,
+                     waits: bool = False) -> None:
+    """Judge each takeover's delay against the fault that ended the lease before it.
+
+    ``waits``: the job's attempts may wait (``buffer_one``, ``cancel_other``) and
+    heartbeat meanwhile, so one whose handler never started is judged by its runner's
+    faults, not by its claim plus one lease.
+    """
     known = {r.attempt: r for r in runs}
     for r in runs:
         if r.attempt < 2:
@@ -621,14 +753,16 @@ def _check_takeovers(report: JobReport, slot: int, runs: list[HistoryRun],
             returned = (exits or {}).get((slot, prev.attempt))
             if "handed over" in (prev.error or "") and returned is not None:
                 _check_handover(report, slot, r.attempt, returned, taken, runner=pid,
-                                lease_ms=lease_ms, events=events, store_down=store_down)
+                                lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, events=events,
+                                store_down=store_down, held=held or {})
             continue
         if prev.started_ms is not None and prev.started_ms < slot - EARLY_TOLERANCE_MS:
             # Claimed before its time: no backup watches a slot before it is due, so the
             # takeover waits for the slot's time and its delay says nothing about leases.
             report.takeover_causes["after an early claim (no backups before the slot)"] += 1
             continue
-        if prev.started_ms is not None and not any(e.attempt == prev.attempt for e in starts) \
+        if not waits and prev.started_ms is not None \
+                and not any(e.attempt == prev.attempt for e in starts) \
                 and not _overlaps(store_down, prev.started_ms, taken):
             # Its handler never started: the claim's answer came after the lease could be
             # confirmed (the runner fenced itself at once), or the runner was killed or
@@ -675,19 +809,25 @@ _DISRUPTIONS = frozenset({"kill", "pause", "stop", "store_down", "skew_step", "p
 
 
 def _check_handover(report: JobReport, slot: int, attempt: int, returned: float, taken: float,
-                    *, runner: int | None, lease_ms: int, events: list[FaultEvent],
-                    store_down: list[tuple[float, float]]) -> None:
-    """Judge a hand-over: a backup's next check takes a released run, within lease/2.
+                    *, runner: int | None, lease_ms: int, heartbeat_ms: int,
+                    events: list[FaultEvent], store_down: list[tuple[float, float]],
+                    held: dict[int | None, list[tuple[float, float]]]) -> None:
+    """Judge a hand-over: a backup's next check takes a released run.
 
-    Not judged when another fault (a backup killed or paused, the store down) came between.
+    Backups check every one to two heartbeats, so a released run is taken within two
+    heartbeats plus the timing tolerance; a release undone by a late heartbeat holds the
+    run for at least ``lease_ms - heartbeat_ms``. Not judged when another fault came
+    between: a backup killed, SIGSTOPped or partitioned (``held``: pause and partition
+    spans per pid, which may have begun before the hand-over), or the store down.
     """
-    if taken - returned <= lease_ms / 2:
+    if taken - returned <= 2 * heartbeat_ms + LATE_TOLERANCE_MS:
         return
     # A fault up to a lease before the hand-over may still hold a backup back (a pause).
     since = returned - lease_ms
     if _overlaps(store_down, since, taken) or any(
             since <= e.wall_ms <= taken and not (e.pid == runner and e.kind == "stop")
-            for e in events if e.kind in _DISRUPTIONS):
+            for e in events if e.kind in _DISRUPTIONS) or any(
+            _overlaps(spans, returned, taken) for pid, spans in held.items() if pid != runner):
         return
     report.slow_handovers.append(
         f"slot {slot}: attempt {attempt} started {taken - returned:.0f} ms after attempt "
@@ -781,21 +921,28 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-HEADER = ["job", "due", "run", "success", "dup success", "overlap", "fenced after takeover",
+HEADER = ["job", "policy", "due", "run", "success", "dup success", "overlap", "runs at once",
+          "fenced after takeover",
           "lost", "abandoned", "takeovers", "delay ms med/max", "failed", "interrupted",
-          "skipped", "missed", "early", "failover loss"]
+          "skipped", "missed", "early", "failover loss", "claims/slot mean/max"]
 
 
 def _job_row(j: JobReport) -> list[str]:
     return [
-        j.name, str(j.due), str(j.run), str(j.successes), str(len(j.dup_success)),
-        f"{len(j.overlaps)} (+{len(j.zombie_overlaps)} zombie)",
+        j.name, j.policy or "-", str(j.due), str(j.run), str(j.successes),
+        str(len(j.dup_success)), f"{len(j.overlaps)} (+{len(j.zombie_overlaps)} zombie)",
+        f"{len(j.policy_overlaps)}" + (f" (+{len(j.slot_overlaps)} allowed)"
+                                       if j.slot_overlaps else ""),
         f"{len(j.fenced_effects)} end / {len(j.fenced_starts)} start",
         str(len(j.lost)), str(j.abandoned), str(j.takeovers),
         _fmt_delays(j.takeover_delays_ms), str(sum(j.failed.values())),
         str(j.interrupted), str(sum(j.skipped.values())), str(sum(j.missed.values())),
-        str(len(j.early_starts)), str(len(j.failover_loss)),
+        str(len(j.early_starts)), str(len(j.failover_loss)), _fmt_claims(j.claims),
     ]
+
+
+def _fmt_claims(claims: list[int]) -> str:
+    return f"{sum(claims) / len(claims):.2f}/{max(claims)}" if claims else "-"
 
 
 def format_report(report: BackendReport) -> str:
@@ -808,9 +955,10 @@ def format_report(report: BackendReport) -> str:
     for j in report.jobs:
         for attr in ("due", "run", "successes", "abandoned", "takeovers", "interrupted"):
             setattr(total, attr, getattr(total, attr) + getattr(j, attr))
+        total.claims.extend(j.claims)
         for attr in ("dup_success", "fenced_effects", "fenced_starts", "lost",
                      "takeover_delays_ms", "early_starts", "overlaps", "zombie_overlaps",
-                     "failover_loss"):
+                     "policy_overlaps", "slot_overlaps", "failover_loss"):
             getattr(total, attr).extend(getattr(j, attr))
         total.failed.update(j.failed)
         total.skipped.update(j.skipped)
@@ -836,6 +984,9 @@ def format_report(report: BackendReport) -> str:
             (f"{j.name} a SIGSTOPped runner ran on after a takeover (zombie)",
              j.zombie_overlaps),
             (f"{j.name} slots of the job ran at the same time", j.slot_overlaps),
+            (f"{j.name} TWO RUNS AT ONCE (its overlap policy forbids it)", j.policy_overlaps),
+            (f"{j.name} BUFFERED SLOT RAN TWICE", j.buffered_twice),
+            (f"{j.name} CANCELLED RUN NOT RECORDED INTERRUPTED", j.cancelled_unrecorded),
             (f"{j.name} failover loss (asynchronous replication, measured)",
              j.failover_loss),
             (f"{j.name} side effect made again: its runner was cut off from the store right "
@@ -855,6 +1006,9 @@ def format_report(report: BackendReport) -> str:
         if j.skipped:
             out.append(f"{j.name}: skipped by reason: " +
                        ", ".join(f"{k} {v}" for k, v in j.skipped.items()))
+        if j.interrupted_by:
+            out.append(f"{j.name}: interrupted by reason: " +
+                       ", ".join(f"{k} {v}" for k, v in j.interrupted_by.items()))
         if j.missed:
             out.append(f"{j.name}: missed (never claimed) by reason: " +
                        ", ".join(f"{k} {v}" for k, v in j.missed.items()))
@@ -887,7 +1041,7 @@ def format_report(report: BackendReport) -> str:
 def format_summary(reports: list[BackendReport]) -> str:
     """One row per backend."""
     header = ["backend", "kind", "seed", "seconds", "faults applied", "due", "run", "success",
-              "dup success", "overlap", "fenced end/start", "lost", "takeovers",
+              "dup success", "overlap", "at once", "fenced end/start", "lost", "takeovers",
               "delay ms med/max", "early", "failover loss", "result"]
     rows = []
     for r in reports:
@@ -896,6 +1050,7 @@ def format_summary(reports: list[BackendReport]) -> str:
             " ".join(f"{k}:{v}" for k, v in sorted(r.faults.items())),
             str(r.total("due")), str(r.total("run")), str(r.total("successes")),
             str(r.total("dup_success")), str(r.total("overlaps")),
+            str(r.total("policy_overlaps")),
             f"{r.total('fenced_effects')}/{r.total('fenced_starts')}", str(r.total("lost")),
             str(r.total("takeovers")), _fmt_delays(r.delays), str(r.total("early_starts")),
             str(r.total("failover_loss")), "PASS" if not r.failures() else "FAIL",

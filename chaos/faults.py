@@ -61,6 +61,7 @@ FAULTS: dict[str, tuple[str, ...]] = {
     "kill": ("kill",),
     "pause": ("pause",),
     "stop": ("stop",),
+    "rolling": ("rolling",),
     "restart": ("store_down",),
     "skew": ("spawn",),  # counted only for instances spawned with a shifted clock
     "skew_step": ("skew_step",),
@@ -121,9 +122,13 @@ class FaultProfile:
     gap_s: tuple[float, float] = (1.5, 4.0)
     #: Relative weights of the faults (those not possible on a run are dropped).
     weights: tuple[tuple[str, float], ...] = (
-        ("kill", 3), ("pause", 3), ("stop", 1), ("restart", 1.5), ("skew_step", 1),
-        ("partition", 2.5), ("failover", 2),
+        ("kill", 3), ("pause", 3), ("stop", 1), ("rolling", 1), ("restart", 1.5),
+        ("skew_step", 1), ("partition", 2.5), ("failover", 2),
     )
+    #: A rolling deploy: how many instances it replaces, one after the other, and the
+    #: time between two of them.
+    rolling_instances: int = 3
+    rolling_gap_s: tuple[float, float] = (0.8, 2.0)
     #: SIGSTOP length, as multiples of the lease (above 1: the lease expires).
     pause_leases: tuple[float, float] = (1.3, 3.0)
     restart_down_s: tuple[float, float] = (0.3, 3.0)
@@ -257,7 +262,7 @@ class Chaos:
         for kind, weight in self.profile.weights:
             if kind not in self.requested:
                 continue
-            if (kind in ("kill", "pause", "stop", "partition") and not spare) or \
+            if (kind in ("kill", "pause", "stop", "rolling", "partition") and not spare) or \
                     (kind == "restart" and (self.server is None or self.store_down
                                             or isinstance(self.server, RedisClusterServer))):
                 continue
@@ -304,6 +309,27 @@ class Chaos:
         victim = self._victim()
         self.faults.add("stop", victim.pid)
         victim.proc.send_signal(signal.SIGTERM)  # not waited for: it hands over meanwhile
+        self._respawn_later()
+
+    def _fault_rolling(self) -> None:
+        """A rolling deploy: the oldest healthy instance is SIGTERMed and replaced, in turn.
+
+        Each step is logged as a ``stop`` (a graceful stop, judged as one); a step that
+        would leave too few healthy instances is left out.
+        """
+        self.faults.add("rolling", None, instances=self.profile.rolling_instances)
+        at = 0.0
+        for _ in range(self.profile.rolling_instances):
+            self._later(at, self._rolling_step)
+            at += self.rng.uniform(*self.profile.rolling_gap_s)
+
+    def _rolling_step(self) -> None:
+        healthy = self.healthy()
+        if len(healthy) <= self.profile.min_healthy:
+            return
+        oldest = min(healthy, key=self.cluster.instances.index)
+        self.faults.add("stop", oldest.pid, rolling=True)
+        oldest.proc.send_signal(signal.SIGTERM)
         self._respawn_later()
 
     def _fault_pause(self) -> None:

@@ -10,8 +10,9 @@
 It prints the seed first (a run is reproduced by passing the same ``--seed``: the same
 faults are drawn in the same order, though their exact timing against the slots depends
 on the machine), then the result table of :mod:`chaos.check`. Exit status 1 when the
-checker finds a duplicate success, a lost run, a fenced side effect after a takeover, or a
-clock shift that did not apply.
+checker finds a duplicate success, a lost run, a fenced side effect after a takeover, two
+runs of a job at once where its overlap policy forbids it, or a clock shift that did not
+apply.
 
 Stores: ``redis``, ``valkey``, ``postgres`` and ``nats`` get a dedicated server on a free
 port (the store-restart fault needs one); ``sqlite`` a file in the run's directory;
@@ -54,7 +55,7 @@ from anarchon_core import Scheduler, backend_from_url
 from anarchon_core.cli.processes import InstanceJob
 from anarchon_core.durations import parse_duration_ms
 from anarchon_core.models import Run
-from anarchon_core.options import default_jitter_ms, default_max_late_ms
+from anarchon_core.options import default_jitter_ms, default_max_late_ms, overlap_policy
 from anarchon_core.url import mask_url
 
 from .check import BackendReport, check_run, format_report
@@ -233,18 +234,31 @@ def open_target(backend: str, workdir: Path) -> Iterator[Target]:
 
 
 def chaos_jobs(leases: bool, seed: int) -> list[InstanceJob]:
-    """The job mix, the same on every backend.
+    """The job mix, the same on every backend of a kind.
 
     Short and long handlers (``long`` outlives the lease), sync and async, and ``slow``,
-    whose handler overruns its ``timeout_ms`` in about a third of its slots.
+    whose handler overruns its ``timeout_ms`` in about a third of its slots. Lease
+    backends also run one job per overlap policy whose runs outlast the gap between its
+    slots: ``skipping`` (``skip``), ``buffered`` (``buffer_one``, sync), ``replaced``
+    (``cancel_other``: each run is cancelled by the next slot) and ``beside`` (``allow``).
     """
-    return [
+    jobs = [
         InstanceJob("tick", every="1s", sleep_s=0.05),
         InstanceJob("work", every="2s", sleep_s=0.6, sync=True),
         InstanceJob("long", every="5s", sleep_s=3.0),
         InstanceJob("slow", every="3s", sleep_s=0.2, sync=True, slow_ratio=0.35,
                 slow_sleep_s=4.0, slow_seed=seed, options={"timeout_ms": 1_500}),
     ]
+    if leases:
+        jobs += [
+            InstanceJob("skipping", every="1s", sleep_s=1.5, options={"overlap": "skip"}),
+            InstanceJob("buffered", every="2s", sleep_s=2.5, sync=True,
+                        options={"overlap": "buffer_one"}),
+            InstanceJob("replaced", every="3s", sleep_s=6.0,
+                        options={"overlap": "cancel_other"}),
+            InstanceJob("beside", every="2s", sleep_s=3.0, options={"overlap": "allow"}),
+        ]
+    return jobs
 
 
 def _job_meta(spec: InstanceJob) -> dict[str, Any]:
@@ -255,7 +269,8 @@ def _job_meta(spec: InstanceJob) -> dict[str, Any]:
     return {"name": spec.name, "interval_ms": interval, "jitter_ms": jitter,
             "max_late_ms": max_late, "sleep_s": spec.sleep_s,
             "timeout_ms": spec.options.get("timeout_ms"), "slow_ratio": spec.slow_ratio,
-            "max_attempts": spec.options.get("max_attempts", 3)}
+            "max_attempts": spec.options.get("max_attempts", 3),
+            "overlap": overlap_policy(spec.options.get("overlap", "skip"))}
 
 
 def _read_history(url: str, jobs: list[str]) -> dict[str, list[dict[str, Any]]]:

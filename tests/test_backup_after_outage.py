@@ -4,13 +4,13 @@ While the store is down the runner can neither heartbeat nor record its end, so 
 may run out meanwhile; a backup whose first check after the outage took the run over would
 run it a second time although it had ended. Here the "runner" is another instance's claim
 made straight on the store, the backup a real scheduler, the store an in-memory one that
-can be switched off.
+can be switched off, all on the event loop's time (``looptime`` and a
+:class:`~tests.support.clock.LoopClock`): the outage and the lease expiries take no real time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -20,8 +20,9 @@ from anarchon_core.backend import new_token
 from anarchon_core.errors import StoreUnavailable
 from anarchon_core.models import ClaimRequest, ClaimResult, RunRef
 from anarchon_core.testing import MemoryBackend
+from tests.support.clock import LoopClock
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.looptime]
 
 LEASE_MS, HEARTBEAT_MS, EVERY_MS = 1_500, 250, 20_000
 
@@ -53,8 +54,8 @@ class Switchable(MemoryBackend):
         return await super().finish(ref, status, error, meta)
 
 
-async def sleep_until(wall_ms: float) -> None:
-    await asyncio.sleep(max(0.0, wall_ms / 1000 - time.time()))
+async def sleep_until(clock: LoopClock, wall_ms: float) -> None:
+    await asyncio.sleep(max(0.0, wall_ms / 1000 - clock.time()))
 
 
 async def outage_while_another_instance_runs(runner_finishes_after_s: float | None
@@ -62,24 +63,25 @@ async def outage_while_another_instance_runs(runner_finishes_after_s: float | No
     """The other instance claims slot S, the backup watches it, the store is down for
     longer than the lease; the runner records its end ``runner_finishes_after_s`` after the
     store is back (None: never, it died). The backup's own runs of S, and S's history."""
-    store = Switchable()
+    clock = LoopClock()
+    store = Switchable(clock.store_ms)
     ran: list[int] = []
 
     async def handler(ctx: JobContext) -> None:
         ran.append(ctx.slot)
 
-    slot = (time.time() * 1000 // 1000 + 2) * 1000  # 1-2 s from now; the next 20 s later
+    slot = (clock.time() * 1000 // 1000 + 2) * 1000  # 1-2 s from now; the next 20 s later
     backup = Scheduler(store, instance_id="backup", lease_ms=LEASE_MS,
-                       heartbeat_ms=HEARTBEAT_MS)
+                       heartbeat_ms=HEARTBEAT_MS, clock=clock)
     backup.every("job", f"{EVERY_MS}ms", handler, offset=f"{int(slot % EVERY_MS)}ms",
                  jitter_ms=0)
     await backup.start()
     try:
-        await sleep_until(slot - 500)
+        await sleep_until(clock, slot - 500)
         theirs = ClaimRequest(job="job", slot=int(slot), token=new_token(), runner="runner",
                               lease_ms=LEASE_MS)
         assert (await store.claim(theirs)).won
-        await sleep_until(slot + 300)  # the backup's claim found it running: it watches
+        await sleep_until(clock, slot + 300)  # the backup's claim found it running: it watches
         store.down = True
         await asyncio.sleep(LEASE_MS / 1000 + 0.7)  # the runner's lease runs out meanwhile
         store.down = False

@@ -76,6 +76,14 @@ def own_redis_server() -> list[str]:
     return ["--redis-server", str(binary)]
 
 
+def own_servers(*binaries: str) -> list[str]:
+    """No arguments; first, each server binary a command starts on its own is on PATH."""
+    for binary in binaries:
+        if shutil.which(binary) is None:
+            unavailable(binary, "not on PATH (the command starts its own server)")
+    return []
+
+
 @dataclass(frozen=True)
 class Smoke:
     """One benchmark command's smoke run and what its output must show."""
@@ -119,6 +127,15 @@ SMOKES: list[Smoke] = [
                  rf"\d+ / \d+ \| 0 \| \d+ \|$") for store in ("redis", "postgres")),
         Expect(r"^\| register s \| start s \| idle CPU s/min \| bytes per job \|$"),
     ], stores=("redis", "postgres")),
+    Smoke("fleet-claims", "bench.fleet_claims", [
+        *(Expect(rf"^{store}, {mode}: dedicated ") for store in ("redis", "postgres")
+          for mode in ("contender sets", "every instance claims every slot")),
+        Expect(r"^\| instances \| [\w +]+ per run \| fleet CPU s/min \(sum of instances\) \| "
+               r"runs / due \| slots run twice \|", 4),
+        *(Expect(rf"^\| {n} \| {_NUM} \| {_NUM} \| [\d,]+ / [\d,]+ \| 0 \| \d+ \| "
+                 rf"{ratio} \| {ratio} \| \d+ \|$", 4)
+          for n, ratio in ((1, r"1\.00"), (2, _NUM))),
+    ], args=lambda: own_servers("redis-server", "initdb", "pg_ctl")),
     Smoke("nats", "bench.claims_brokers", [
         Expect(r"^NATS JetStream "),
         *table("JetStream publish (floor)", ["claim, won", "claim, taken"]),
@@ -142,12 +159,32 @@ SMOKES: list[Smoke] = [
           for store in ("redis", "postgres", "sqlite") for size in ("1,000", "3")),
     ], stores=("postgres",), args=lambda: [
         "--postgres-url", postgres_store.POSTGRES_URL, *own_redis_server()]),
+    Smoke("overlap-kill", "bench.overlap_kill", [
+        Expect(r"^\| overlap \| slots due in the lease after the kill \| run \| skipped \| "
+               r"late runs \| run ÷ allow \| longest gap between starts \(s\) \| runs at once "
+               r"\| killed slot \|$"),
+        Expect(rf"^\| allow \| \d+ \| \d+ \| \d+ \| \d+ \| 1\.00 \| {_NUM} \| \d+ \| .+ \|$"),
+        *(Expect(rf"^\| {policy} \| \d+ \| \d+ \| \d+ \| \d+ \| {_NUM} \| {_NUM} \| 0 \| "
+                 r".+ \|$") for policy in ("skip", "buffer_one")),
+    ], args=lambda: ["--backend", "sqlite"]),
     Smoke("django-tasks", "bench.django_tasks", [
         Expect(r"^Django [\d.]+\w*, Python [\d.]+\w*, SQLite; 20 entries every 1 s, 3 s "
                r"measured per row$"),
         Expect(r"^row +tasks +CPU s/min +×floor +late p50 ms +late p99 ms +tasks/slot$"),
         Expect(rf"^floor: enqueue\(\) loop +\d+ +{_NUM} +1\.00 +{_NUM} +{_NUM} +\d+/\d+$"),
         Expect(rf"^anarchon: scheduled tasks +\d+ +{_NUM} +{_NUM} +{_NUM} +{_NUM} +\d+/\d+$"),
+    ]),
+    # Starts its own PostgreSQL (initdb) and redis-server, as the full run does.
+    Smoke("db-schedules", "bench.db_schedules", [
+        Expect(r"^\| rows \| scheduler \| start-up s \| late p50 / p99 ms \| × code p50 / p99 "
+               r"\| runs / due \|"),
+        *(Expect(rf"^\| 20 \| {re.escape(label)} \| {_NUM} \| -?[\d,]+ / -?[\d,]+ \| "
+                 rf"[-\d.na]+ / [-\d.na]+ \| \d+ / 20 \| {_NUM} / {_NUM} \| {_NUM} \| "
+                 rf"-?[\d,]+ \| {edits} \| [\d,]+ \|$")
+          for label, edits in (
+              ("anarchon: Schedule table (1 worker)", rf"{_NUM} / {_NUM}"),
+              ("anarchon: code-declared jobs (1 worker)", "-"),
+              ("django-celery-beat DatabaseScheduler (1 beat)", rf"{_NUM} / {_NUM}"))),
     ]),
 ]
 

@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from .stores import StoreHandle, unavailable
-from .stores.redis import Server, start_server
+from .support.helpers import RedisServer, start_redis
 from .support.procs import grid_slots, read_history
 
 pytestmark = pytest.mark.slow
@@ -222,9 +222,9 @@ def fleet(workdir: Path, broker: str, schedule: dict[str, dict[str, Any]],
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[Server]:
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A Redis of this test's own: the Celery broker and the anarchon store at once."""
-    server = start_server(tmp_path / "redis")
+    server = start_redis(tmp_path / "redis")
     try:
         yield server
     finally:
@@ -249,7 +249,7 @@ BASE_CONF = {"anarchon_lease_ms": 2_000, "broker_connection_retry_on_startup": T
 
 
 def test_three_beats_send_every_slot_once_and_survive_a_sigkill(
-        tmp_path: Path, redis_server: Server) -> None:
+        tmp_path: Path, redis_server: RedisServer) -> None:
     """3 beats, 10 entries every 1 s: each slot published once, none missing; then the
     beat that sent the last slot is SIGKILLed and the other two go on without a gap."""
     schedule = every_entries(10)
@@ -304,7 +304,7 @@ def test_three_beats_send_every_slot_once_and_survive_a_sigkill(
 
 
 def test_worker_runs_the_tasks_and_track_tasks_prevents_overlap(
-        tmp_path: Path, redis_server: Server) -> None:
+        tmp_path: Path, redis_server: RedisServer) -> None:
     """End to end on a Redis broker: 2 beats and a worker. Every slot of a fast entry runs
     once with its args and kwargs; a 2.5 s task every 1 s with ``anarchon_track_tasks``
     never runs twice at the same time (its next slots are skipped while it runs)."""

@@ -4,8 +4,9 @@ Each backend gets five instance processes and about 10 s of SIGKILLs, SIGSTOPs l
 than the lease, SIGTERMs, restarts of a dedicated store server, network partitions of one
 instance (a frozen proxy) and clock skew (see ``chaos/``), then the checker judges the
 ledgers and ``history()``. The build fails on any duplicate success, two attempts of a slot
-running at once, lost run, side effect by a fenced runner after a takeover, a clock shift
-that did not apply, or a requested fault that was not applied. ``ANARCHON_CHAOS_SEED``
+running at once (or two slots of a job whose overlap policy forbids it), lost run, side
+effect by a fenced runner after a takeover, a clock shift that did not apply, or a
+requested fault that was not applied. ``ANARCHON_CHAOS_SEED``
 replays a seed; ``ANARCHON_CHAOS_SECONDS`` lengthens the runs. The long profile is
 ``nox -s chaos -- --profile long`` (docs/chaos.md).
 """
@@ -144,7 +145,7 @@ def test_a_fault_never_applied_fails_the_run(tmp_path: Path) -> None:
     with open_target("sqlite", tmp_path) as target:
         plan = plan_faults(target, restart=True, skew=True, partition=True,
                            allow_missing=frozenset())
-    assert plan["requested"] == ["kill", "pause", "stop"]
+    assert plan["requested"] == ["kill", "pause", "stop", "rolling"]
     assert set(plan["not_applicable"]) == {"restart", "partition", "skew", "skew_step",
                                            "failover"}
     result = run_chaos("sqlite", seconds=0.2, instances=3, seed=2, workdir=tmp_path / "run",

@@ -9,16 +9,23 @@ the run.
 A takeover's delay: judged from the pause that ended the lease, not from a later one, and
 from the claim for an attempt whose handler never started. A hand-over (SIGTERM): taken
 over within lease/2 of the runner's handler returning, or it is a problem.
+
+Overlap policies: two slots of a job running at once fail the run when the job's policy
+forbids it (``skip``, ``buffer_one``, ``cancel_other``), are shown under ``allow`` or for a
+run saved without its policy, and are excused for a SIGSTOPped runner; a buffered slot
+begun after a later attempt of it was claimed fails; a run ``cancel_other`` cancelled
+must end ``interrupted`` in history.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from chaos.check import check_run
+from chaos.check import BackendReport, JobReport, check_run, format_report, read_claims
 
 WALL0 = 1_800_000_000_000  # the harness clock: wall ms at monotonic 0
 SLOT = WALL0 + 10_000
@@ -229,3 +236,200 @@ def test_a_slow_hand_over_with_the_backup_paused_is_not_judged(tmp_path: Path) -
     pause: list[Event] = [("pause", 1_100, 2, {"seconds": 2.5}), ("resume", 3_600, 2, {})]
     report = check_run(_handed_over(tmp_path / "run", taken_at=3_700, extra=pause))
     assert report.jobs[0].slow_handovers == []
+
+
+def test_a_hand_over_within_a_backups_check_interval_passes(tmp_path: Path) -> None:
+    """Backups check every one to two heartbeats (500 ms here): a hand-over taken 1,019 ms
+    after the handler returned is the next check plus the claim's latency (SQLite, CI)."""
+    report = check_run(_handed_over(tmp_path / "run", taken_at=1_200 + 1_019))
+    assert report.failures() == []
+
+
+def test_a_backup_paused_since_before_the_hand_over_excuses_a_slow_one(tmp_path: Path) -> None:
+    """The only backup was SIGSTOPped well before the hand-over and resumed after it: the
+    pause's span counts, not only its start (chaos seed 1475947154 on SQLite)."""
+    pause: list[Event] = [("pause", -1_900, 2, {"seconds": 3.8}), ("resume", 1_900, 2, {})]
+    report = check_run(_handed_over(tmp_path / "run", taken_at=1_900 + 1_000, extra=pause))
+    assert report.jobs[0].slow_handovers == []
+
+
+# Overlap policies: the guarantee of each job's policy, judged from the same records.
+
+PolicyLine = tuple[str, int, int, int, int]  # event, slot offset, attempt, pid, at
+HistoryRow = tuple[int, int, str, int, int, int | None, str | None]
+
+
+def _policy_run(workdir: Path, overlap: str | None, *, interval_ms: int,
+                lines: list[PolicyLine], runs: list[HistoryRow],
+                events: list[Event] | None = None, slots: int = 2) -> Path:
+    """A saved run of job ``work`` under overlap policy ``overlap`` (None: a run saved
+    before the policy was recorded). ``lines`` are ledger lines, ``runs`` history rows
+    ``(slot offset, attempt, status, pid, claimed at, finished at, error)``; slot offsets
+    and times are ms after ``SLOT``; the window holds ``slots`` slots."""
+    workdir.mkdir()
+    spec: dict[str, Any] = {"name": "work", "interval_ms": interval_ms,
+                            "max_late_ms": interval_ms, "jitter_ms": 0}
+    if overlap is not None:
+        spec["overlap"] = overlap
+    meta = {"backend": "sqlite", "seed": 1, "leases": True, "seconds": 20.0,
+            "lease_ms": LEASE_MS, "heartbeat_ms": 500,
+            "window": [SLOT, SLOT + (slots - 1) * interval_ms],
+            "clock0": {"wall_ms": WALL0, "mono_ns": 0}, "jobs": [spec], "exit_lines": True}
+    (workdir / "run.json").write_text(json.dumps(meta))
+    pids = {pid for *_, pid, _ in lines} | {row[3] for row in runs}
+    spawns: list[Event] = [("spawn", -5_000, pid, {}) for pid in sorted(pids)]
+    (workdir / "faults.jsonl").write_text("".join(
+        json.dumps({"kind": kind, "wall_ms": SLOT + at, "mono_ns": (SLOT + at - WALL0) * 10**6,
+                    "pid": pid, "detail": detail}) + "\n"
+        for kind, at, pid, detail in [*spawns, *(events or []),
+                                      ("settle", 20_000, None, {})]))
+    (workdir / "ledger").mkdir()
+    for pid in pids:
+        (workdir / "ledger" / f"{pid}.jsonl").write_text("".join(
+            json.dumps({**_ledger_line(event, attempt, pid, at),
+                        "slot": SLOT + offset, "token": f"t{offset}-{attempt}"}) + "\n"
+            for event, offset, attempt, p, at in lines if p == pid))
+    history = {"work": [
+        {"job": "work", "slot": SLOT + offset, "attempt": attempt, "status": status,
+         "runner": f"vm:{pid}", "error": error, "manual": False,
+         "started_at": _iso(SLOT + claimed),
+         "finished_at": _iso(SLOT + finished) if finished is not None else None}
+        for offset, attempt, status, pid, claimed, finished, error in runs]}
+    (workdir / "history.json").write_text(json.dumps(history))
+    return workdir
+
+
+def _slot_after_slot(workdir: Path, overlap: str | None, *, first_exits_at: int,
+                     events: list[Event] | None = None) -> Path:
+    """Slot 1 runs on pid 1 from 5 ms; slot 2 (2 s later) on pid 2 from 2,010 ms."""
+    lines: list[PolicyLine] = [
+        ("start", 0, 1, 1, 5), ("end", 0, 1, 1, first_exits_at - 1),
+        ("exit", 0, 1, 1, first_exits_at),
+        ("start", 2_000, 1, 2, 2_010), ("end", 2_000, 1, 2, 2_300),
+        ("exit", 2_000, 1, 2, 2_301)]
+    runs: list[HistoryRow] = [(0, 1, "success", 1, 3, first_exits_at + 2, None),
+                              (2_000, 1, "success", 2, 2_005, 2_305, None)]
+    return _policy_run(workdir, overlap, interval_ms=2_000, lines=lines, runs=runs,
+                       events=events)
+
+
+def test_two_slots_at_once_fail_a_skip_job(tmp_path: Path) -> None:
+    report = check_run(_slot_after_slot(tmp_path / "run", "skip", first_exits_at=2_400))
+    [job] = report.jobs
+    assert len(job.policy_overlaps) == 1
+    assert "still ran 390 ms after slot" in job.policy_overlaps[0]
+    assert any("two runs at once" in f and "overlap skip" in f for f in report.failures())
+
+
+def test_two_slots_at_once_are_shown_for_allow_and_for_runs_saved_without_a_policy(
+        tmp_path: Path) -> None:
+    for overlap in ("allow", None):
+        report = check_run(_slot_after_slot(tmp_path / str(overlap), overlap,
+                                            first_exits_at=2_400))
+        [job] = report.jobs
+        assert report.failures() == []
+        assert job.policy_overlaps == []
+        assert len(job.slot_overlaps) == 1
+
+
+def test_a_sigstopped_runner_past_the_next_slot_is_a_zombie(tmp_path: Path) -> None:
+    pause: list[Event] = [("pause", 100, 1, {"seconds": 2.2}), ("resume", 2_300, 1, {})]
+    report = check_run(_slot_after_slot(tmp_path / "run", "buffer_one", first_exits_at=2_400,
+                                        events=pause))
+    [job] = report.jobs
+    assert report.failures() == []
+    assert len(job.zombie_overlaps) == 1
+
+
+def test_slots_one_after_the_other_pass_under_every_policy(tmp_path: Path) -> None:
+    for overlap in ("skip", "buffer_one", "cancel_other", "allow"):
+        report = check_run(_slot_after_slot(tmp_path / overlap, overlap, first_exits_at=1_900))
+        assert report.failures() == [], overlap
+        assert report.jobs[0].slot_overlaps == report.jobs[0].policy_overlaps == []
+
+
+def _buffered_taken_over(workdir: Path, late_start_at: int,
+                         events: list[Event] | None = None) -> Path:
+    """Slot 2 waits (buffered) on pid 1 from 2,005 ms; its lease expires and pid 2 claims
+    attempt 2 at 4,600 and runs it 5,000–5,600; pid 1 then begins attempt 1 at
+    ``late_start_at`` and stops at its first lease check 50 ms later."""
+    lines: list[PolicyLine] = [
+        ("start", 0, 1, 3, 5), ("end", 0, 1, 3, 300), ("exit", 0, 1, 3, 301),
+        ("start", 2_000, 2, 2, 5_000), ("end", 2_000, 2, 2, 5_599),
+        ("exit", 2_000, 2, 2, 5_600),
+        ("start", 2_000, 1, 1, late_start_at), ("exit", 2_000, 1, 1, late_start_at + 50)]
+    runs: list[HistoryRow] = [
+        (0, 1, "success", 3, 3, 305, None),
+        (2_000, 1, "interrupted", 1, 2_005, 4_600,
+         "buffered: waits for another run of this job to end"),
+        (2_000, 2, "success", 2, 4_600, 5_605, None)]
+    return _policy_run(workdir, "buffer_one", interval_ms=2_000, lines=lines, runs=runs,
+                       events=events)
+
+
+def test_a_buffered_slot_begun_after_its_takeover_fails_the_run(tmp_path: Path) -> None:
+    report = check_run(_buffered_taken_over(tmp_path / "run", late_start_at=5_700))
+    [job] = report.jobs
+    assert len(job.buffered_twice) == 1
+    assert "attempt 1 (pid 1) began 1100 ms after attempt 2 was claimed" in \
+        job.buffered_twice[0]
+    assert any("buffered slot ran twice" in f for f in report.failures()), report.failures()
+
+
+def test_a_buffered_slot_begun_by_a_woken_zombie_passes(tmp_path: Path) -> None:
+    pause: list[Event] = [("pause", 2_010, 1, {"seconds": 3.6}), ("resume", 5_650, 1, {})]
+    report = check_run(_buffered_taken_over(tmp_path / "run", late_start_at=5_700,
+                                            events=pause))
+    [job] = report.jobs
+    assert job.buffered_twice == []
+    assert report.failures() == []
+    assert len(job.fenced_starts) == 1  # shown: it stopped at its first lease check
+
+
+CANCELLED = "cancelled: a later slot of this job replaces it (overlap cancel_other)"
+
+
+def _cancelled(workdir: Path, first_status: str) -> Path:
+    """Slot 1 runs on pid 1 from 5 ms; slot 2 (3 s later) is claimed by pid 2 at 3,005,
+    which cancels slot 1: pid 1 stops at its next heartbeat (3,400), slot 2 begins at
+    3,500. Slot 1's record ends ``first_status``."""
+    lines: list[PolicyLine] = [
+        ("start", 0, 1, 1, 5), ("exit", 0, 1, 1, 3_400),
+        ("start", 3_000, 1, 2, 3_500), ("end", 3_000, 1, 2, 3_799),
+        ("exit", 3_000, 1, 2, 3_800)]
+    runs: list[HistoryRow] = [
+        (0, 1, first_status, 1, 3, 3_900 if first_status != "running" else None, CANCELLED),
+        (3_000, 1, "success", 2, 3_005, 3_805, None)]
+    return _policy_run(workdir, "cancel_other", interval_ms=3_000, lines=lines, runs=runs)
+
+
+def test_a_cancelled_run_recorded_interrupted_passes(tmp_path: Path) -> None:
+    report = check_run(_cancelled(tmp_path / "run", "interrupted"))
+    [job] = report.jobs
+    assert report.failures() == []
+    assert job.interrupted_by == {"cancelled": 1}
+    assert job.not_taken_over == []  # interrupted by its policy, not waiting for a backup
+
+
+def test_a_cancelled_run_left_running_fails_the_run(tmp_path: Path) -> None:
+    report = check_run(_cancelled(tmp_path / "run", "running"))
+    [job] = report.jobs
+    assert len(job.cancelled_unrecorded) == 1
+    assert any("cancelled run not recorded interrupted" in f for f in report.failures())
+
+
+def test_claims_per_slot_are_counted_from_the_instances_claim_logs(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    (ledger / "1.claims").write_text(
+        json.dumps({"job": "work", "slot": SLOT, "outcome": "won"}) + "\n"
+        + json.dumps({"job": "work", "slot": SLOT + 20_000, "outcome": "won"}) + "\n"
+        + '{"job": "work", "sl')  # cut short by a SIGKILL
+    (ledger / "2.claims").write_text(
+        json.dumps({"job": "work", "slot": SLOT, "outcome": "running"}) + "\n")
+    (ledger / "2.jsonl").write_text("")  # the run ledger beside it is not read here
+    assert read_claims(ledger) == {("work", SLOT): 2, ("work", SLOT + 20_000): 1}
+    job = JobReport("work", claims=[2, 1])
+    assert "1.50/2" in format_report(BackendReport(
+        backend="sqlite", seed=1, leases=True, seconds=8.0, jobs=[job], faults=Counter(),
+        notes=[], skew=[], skew_problems=[], command=""))

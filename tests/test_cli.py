@@ -56,6 +56,34 @@ def test_next_rejects_a_bad_expression_with_a_clear_message() -> None:
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "lines"),
+    [(["*/30 * * * *", "--after", "2026-10-25T02:00+03:00", "-n", "7"],
+      ["2026-10-25T02:30:00+03:00",
+       "2026-10-25T03:00:00+03:00  DST fall-back, first pass (both: the wildcard default)",
+       "2026-10-25T03:30:00+03:00  DST fall-back, first pass (both: the wildcard default)",
+       "2026-10-25T03:00:00+02:00  DST fall-back, second pass (both: the wildcard default)",
+       "2026-10-25T03:30:00+02:00  DST fall-back, second pass (both: the wildcard default)",
+       "2026-10-25T04:00:00+02:00", "2026-10-25T04:30:00+02:00"]),
+     (["0 3 * * *", "--dst", "once_last", "--after", "2026-10-24T12:00Z", "-n", "2"],
+      ["2026-10-25T03:00:00+02:00  DST fall-back, second pass (once_last)",
+       "2026-10-26T03:00:00+02:00"]),
+     (["30 3 * * *", "--after", "2026-03-28T00:00Z", "-n", "2"],
+      ["2026-03-28T03:30:00+02:00",
+       "2026-03-29T04:00:00+03:00  DST spring-forward gap: 03:30 shifted to 04:00 "
+       "(shift: the fixed-time default)"]),
+     (["30 3 * * *", "--dst", "skip", "--after", "2026-03-28T00:00Z", "-n", "2"],
+      ["2026-03-28T03:30:00+02:00",
+       "2026-03-30T03:30:00+03:00  DST spring-forward gap: 03:30 skipped (skip)"]),
+     (["0 8 * * *", "--after", "2026-03-28T00:00Z", "-n", "2"],
+      ["2026-03-28T08:00:00+02:00", "2026-03-29T08:00:00+03:00"])],
+)
+def test_next_marks_the_slots_a_dst_change_decided(args: list[str], lines: list[str]) -> None:
+    out = anarchon("next", *args, "--tz", "Europe/Athens")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == lines
+
+
 def test_jobs_run_and_history_on_a_user_module(tmp_path: Path) -> None:
     db = tmp_path / "cron.db"
     (tmp_path / "myjobs.py").write_text(textwrap.dedent(f"""
@@ -134,6 +162,10 @@ def test_demo_shows_every_slot_once_and_the_takeover() -> None:
      (["next", "0 8 * *"], "next", 2, "expected 5 fields"),
      (["next", "0 8 * * *", "--tz", "Mars/Olympus"], "next", 2,
       "invalid time zone 'Mars/Olympus'"),
+     (["next", "0 8 * * *", "--dst", "sometimes"], "next", 2,
+      "invalid dst 'sometimes': expected None, a choice for the repeated hour"),
+     (["next", "0 8 * * *", "--after", "Tuesday"], "next", 2,
+      "argument --after: expected an ISO 8601 date-time, got 'Tuesday'"),
      (["history", "tick", "--backend", "postgres://[::1"], "history", 2,
       "invalid backend URL 'postgres://[::1'"),
      (["history", "tick", "--backend", "redis://127.0.0.1/abc"], "history", 2,

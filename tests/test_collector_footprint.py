@@ -17,11 +17,14 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from anarchon_core import JobContext, Scheduler
 from anarchon_core.claim import ClaimHandle
 from anarchon_core.context import JobContext as Context
 from anarchon_core.execution import Attempt
 from anarchon_core.testing import MemoryBackend
+from tests.support.clock import LoopClock
 
 _RUN_OBJECTS = (ClaimHandle, Attempt, Context)
 
@@ -43,8 +46,11 @@ def _cyclic_garbage() -> Iterator[Counter[str]]:
         gc.enable()
 
 
+@pytest.mark.looptime
 async def test_finished_runs_leave_no_reference_cycle() -> None:
-    scheduler = Scheduler(MemoryBackend(), lease_ms=300, heartbeat_ms=50)
+    clock = LoopClock()  # virtual time for the heartbeats and the timeout
+    scheduler = Scheduler(MemoryBackend(clock.store_ms), lease_ms=300, heartbeat_ms=50,
+                          clock=clock)
 
     async def quick(ctx: JobContext) -> None:
         pass

@@ -228,10 +228,15 @@ def test_unknown_option(scheduler: Scheduler) -> None:
      ("timeout_ms", 0, "invalid timeout_ms 0: must be > 0"),
      ("timeout_ms", "5s", "invalid timeout_ms '5s'"),
      ("timeout_ms", 2.5, "invalid timeout_ms 2.5"),
-     ("overlap", "yes", "invalid overlap 'yes': expected True or False"),
+     ("overlap", "yes", "invalid overlap 'yes': expected one of 'skip', 'allow', "
+      "'buffer_one', 'cancel_other'"),
      ("max_attempts", 0, "invalid max_attempts 0: expected an int ≥ 1"),
      ("max_attempts", True, "invalid max_attempts True"),
-     ("catch_up_ms", -1, "invalid catch_up_ms -1")],
+     ("catch_up_ms", -1, "invalid catch_up_ms -1"),
+     ("catch_up", "oldest", "invalid catch_up 'oldest': expected one of 'newest', 'all', "
+      "'none'"),
+     ("catch_up", True, "invalid catch_up True"),
+     ("catch_up", "all", "catch_up='all' needs catch_up_ms")],
 )
 def test_bad_option_values(scheduler: Scheduler, option: str, value: Any,
                            message: str) -> None:
@@ -309,12 +314,13 @@ def test_lease_settings_on_claim_only_backend(kwargs: dict[str, Any], given: str
 
 @pytest.mark.parametrize(("option", "value"),
                          [("overlap", True), ("overlap", False), ("max_attempts", 5),
-                          ("catch_up_ms", 60_000)])
+                          ("catch_up_ms", 60_000), ("catch_up", "all")])
 def test_lease_only_options_on_claim_only_backend(option: str, value: Any) -> None:
     scheduler = Scheduler(ClaimOnly())
-    with raises(f"option(s) {option} need a lease backend"):
+    named = f"{option}={value!r}" if option in ("overlap", "catch_up") else option
+    with raises(f"option(s) {named} need a lease backend"):
         scheduler.every("x", "10s", handler, **{option: value})
-    with raises(f"option(s) {option} need a lease backend"):
+    with raises(f"option(s) {named} need a lease backend"):
         scheduler.cron("x", "* * * * *", **{option: value})
     assert scheduler.jobs() == []
 

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from anarchon_core import decision
-from anarchon_core.decision import HANDED_OVER, RunState, decide, update_applies
+from anarchon_core.decision import (
+    CANCELLED,
+    HANDED_OVER,
+    WAITING,
+    WAITING_HANDED_OVER,
+    RunState,
+    decide,
+    update_applies,
+)
 from anarchon_core.models import ClaimRequest
 
 from .contract.decision_cases import CLAIMS, UPDATES, ClaimCase, State, UpdateCase
@@ -30,18 +38,31 @@ _STATES: dict[State, tuple[RunState | None, bool]] = {
     State.NONE: (None, False),
     State.NONE_OTHER_LIVE: (None, True),
     State.NONE_OTHER_EXPIRED: (None, False),
+    State.NONE_OTHER_WAITING: (None, True),
     State.FINISHED: (RunState(1, HOLDER, "success", None), False),
     State.FAILED: (RunState(1, HOLDER, "failed", None), False),
     State.RUNNING: (RunState(1, HOLDER, "running", NOW + 60_000), False),
     State.RUNNING_OWN: (RunState(1, CALLER, "running", NOW + 60_000), False),
     State.EXPIRED: (RunState(1, HOLDER, "running", NOW - 100), False),
     State.RELEASED: (RunState(1, HOLDER, "running", NOW), False),
+    State.WAITING_OWN: (RunState(1, CALLER, "running", NOW + 60_000, WAITING), True),
+    State.WAITING_OWN_FREE: (RunState(1, CALLER, "running", NOW + 60_000, WAITING), False),
+    State.CANCELLED_OWN: (RunState(1, CALLER, "running", NOW + 60_000, CANCELLED), True),
+    State.CANCELLED: (RunState(1, HOLDER, "running", NOW + 60_000, CANCELLED), True),
+    State.CANCELLED_EXPIRED: (RunState(1, HOLDER, "running", NOW - 100, CANCELLED), True),
+    State.WAITING_EXPIRED: (RunState(1, HOLDER, "running", NOW - 100, WAITING), True),
+    State.WAITING_RELEASED: (RunState(1, HOLDER, "running", NOW, WAITING_HANDED_OVER), True),
+    State.EXPIRED_OTHER_LIVE: (RunState(1, HOLDER, "running", NOW - 100), True),
 }
+#: States in which one of the job's other live runs is a waiting attempt.
+_OTHER_WAITING = {State.NONE_OTHER_WAITING}
 #: The (status, error) of attempt 1 that update_applies() sees for each state.
 _UPDATE_STATES: dict[State, tuple[str, str | None]] = {
     State.RUNNING: ("running", None),
     State.RELEASED: ("running", HANDED_OVER),
     State.FINISHED: ("success", None),
+    State.WAITING_OWN: ("running", WAITING),
+    State.CANCELLED: ("running", CANCELLED),
 }
 
 
@@ -52,9 +73,10 @@ def test_decide(case: ClaimCase) -> None:
                            runner="caller", manual=case.manual, lease_ms=30_000,
                            overlap=case.overlap, max_attempts=case.max_attempts,
                            max_late_ms=case.max_late_ms, missed=case.missed)
+    other_waiting = case.state in _OTHER_WAITING
     if not decision.needs_overlap_check(request, state):
-        other_live = False
-    got = decide(request, state, NOW, other_live)
+        other_live = other_waiting = False
+    got = decide(request, state, NOW, other_live, other_waiting)
     assert (got.outcome, got.attempt, got.action) == (case.outcome, case.attempt, case.action)
     if case.action is decision.Action.SKIP:
         _, status, error = case.history[0]

@@ -5,6 +5,10 @@ records its end as usual. A cancellation the handler swallowed, or one asked for
 handler's own code (a ``check_lease`` that fences), must not reach the run's end record
 or the caller of ``run_now``. A cancellation from outside (the caller of ``run_now`` gives
 up) still cancels the handler and goes on up.
+
+Most tests run on the event loop's time (``looptime``, a
+:class:`~tests.support.clock.LoopClock` and a memory store); the one whose handler blocks
+the loop needs real time, which goes on while the loop's stands still.
 """
 
 from __future__ import annotations
@@ -13,12 +17,24 @@ import asyncio
 import functools
 import time
 from pathlib import Path
+from typing import Any
 
-from anarchon_core import JobContext, LeaseLost
+import pytest
 
+from anarchon_core import JobContext, LeaseLost, Scheduler
+from anarchon_core.testing import MemoryBackend
+
+from .support.clock import LoopClock
 from .support.helpers import make_scheduler
 
 make = functools.partial(make_scheduler, table="runs")
+
+
+def on_loop_time(**options: Any) -> tuple[Scheduler, LoopClock]:
+    """A scheduler and its memory store on the loop's time (for ``looptime`` tests)."""
+    clock = LoopClock()
+    return Scheduler(MemoryBackend(clock.store_ms), instance_id="host:1", clock=clock,
+                     **options), clock
 
 
 def cancellations_pending() -> int:
@@ -27,8 +43,9 @@ def cancellations_pending() -> int:
     return task.cancelling()
 
 
-async def test_a_handler_that_swallows_its_timeout_is_recorded_failed(tmp_path: Path) -> None:
-    scheduler = make(tmp_path)
+@pytest.mark.looptime
+async def test_a_handler_that_swallows_its_timeout_is_recorded_failed() -> None:
+    scheduler, _ = on_loop_time()
     seen: list[str] = []
 
     @scheduler.every("stubborn", "1h", timeout_ms=100)
@@ -77,8 +94,9 @@ async def test_a_fence_seen_by_the_handlers_own_check_lease_stays_in_the_handler
         await scheduler.stop()
 
 
-async def test_cancelling_run_now_cancels_the_handler(tmp_path: Path) -> None:
-    scheduler = make(tmp_path)
+@pytest.mark.looptime
+async def test_cancelling_run_now_cancels_the_handler() -> None:
+    scheduler, _ = on_loop_time()
     started = asyncio.Event()
     seen: list[str] = []
 
@@ -106,20 +124,20 @@ async def test_cancelling_run_now_cancels_the_handler(tmp_path: Path) -> None:
         await scheduler.stop()
 
 
-async def test_an_async_handler_asked_to_stop_is_cancelled_after_the_grace(
-        tmp_path: Path) -> None:
-    scheduler = make(tmp_path, stop_grace_ms=100)
+@pytest.mark.looptime
+async def test_an_async_handler_asked_to_stop_is_cancelled_after_the_grace() -> None:
+    scheduler, clock = on_loop_time(stop_grace_ms=100)
     started = asyncio.Event()
     seen: list[tuple[str, float]] = []
 
     @scheduler.every("long", "1h")
     async def long(ctx: JobContext) -> None:
         started.set()
-        begin = time.monotonic()
+        begin = clock.monotonic()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
-            seen.append((str(ctx.cancel_reason), time.monotonic() - begin))
+            seen.append((str(ctx.cancel_reason), clock.monotonic() - begin))
             raise
 
     caller = asyncio.ensure_future(scheduler.run_now("long"))
@@ -127,5 +145,5 @@ async def test_an_async_handler_asked_to_stop_is_cancelled_after_the_grace(
     await scheduler.stop()
     run = await asyncio.wait_for(caller, 5)
     assert [reason for reason, _ in seen] == ["stopping"]
-    assert seen[0][1] >= 0.09
+    assert seen[0][1] == pytest.approx(0.1, abs=1e-6)  # the grace, no sooner and no later
     assert (run.status, run.error) == ("interrupted", "stopping")

@@ -13,22 +13,26 @@ expiry by the store's clock, not a whole lease after the retry. Found by the cha
 harness on a Redis Cluster with min_replicas_acks (seed 935434490: claims committed on a
 promoted primary with no replica yet failed their WAIT until it had one; the retry won
 1.6 s later and started the handler 20 ms before a backup took the expired run over).
+
+The schedulers and stores here run on the event loop's time (``looptime`` and a
+:class:`~tests.support.clock.LoopClock`): the late answers, expiries and takeovers are
+deterministic and take no real time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
-from anarchon_core import ClaimOutcome, JobContext, NotClaimed, Scheduler
+from anarchon_core import ClaimHandle, ClaimOutcome, JobContext, NotClaimed, Scheduler
+from anarchon_core.claiming import LATE_ANSWER
 from anarchon_core.errors import StoreUnavailable
 from anarchon_core.models import ClaimRequest, ClaimResult
-from anarchon_core.scheduler import LATE_ANSWER
 from anarchon_core.testing import MemoryBackend
+from tests.support.clock import LoopClock
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.looptime]
 
 LEASE_MS, HEARTBEAT_MS = 400, 100
 
@@ -36,8 +40,8 @@ LEASE_MS, HEARTBEAT_MS = 400, 100
 class LateAnswers(MemoryBackend):
     """A memory store whose claim answers reach some runners only after a delay."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, clock: LoopClock) -> None:
+        super().__init__(clock.store_ms)
         self.delay_s: dict[str, float] = {}
         #: Answer only this many more claims of a runner late (None: all of them).
         self.late_claims: dict[str, int] = {}
@@ -55,8 +59,8 @@ class LateAnswers(MemoryBackend):
 class LostAnswers(MemoryBackend):
     """A memory store that commits some won claims but loses their answers."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, clock: LoopClock) -> None:
+        super().__init__(clock.store_ms)
         #: How many more won claims of a runner lose their answer, and after how long.
         self.lose_wins: dict[str, int] = {}
         self.delay_s = 0.0
@@ -70,18 +74,19 @@ class LostAnswers(MemoryBackend):
         return result
 
 
-async def next_slot_alone() -> int:
+async def next_slot_alone(clock: LoopClock) -> int:
     """Wait until just after a 2 s boundary; the next one, the first slot claimed after it."""
-    boundary = (int(time.time() * 1000) // 2_000 + 1) * 2_000
-    await asyncio.sleep(max(0.0, boundary / 1000 - time.time()) + 0.1)
+    boundary = (int(clock.time() * 1000) // 2_000 + 1) * 2_000
+    await asyncio.sleep(max(0.0, boundary / 1000 - clock.time()) + 0.1)
     return boundary + 2_000
 
 
-def every_2s(store: MemoryBackend, instance: str) -> tuple[Scheduler, list[tuple[int, int]]]:
+def every_2s(store: MemoryBackend, instance: str,
+             clock: LoopClock) -> tuple[Scheduler, list[tuple[int, int]]]:
     """A scheduler with one no-jitter job every 2 s, and the (slot, attempt) it ran."""
     ran: list[tuple[int, int]] = []
     scheduler = Scheduler(store, instance_id=instance, lease_ms=LEASE_MS,
-                          heartbeat_ms=HEARTBEAT_MS)
+                          heartbeat_ms=HEARTBEAT_MS, clock=clock)
 
     async def handler(ctx: JobContext) -> None:
         ran.append((ctx.slot, ctx.attempt))
@@ -100,10 +105,11 @@ async def until_ran(ran: list[tuple[int, int]], slot: int, tries: int = 100) -> 
 
 
 async def test_run_now_answered_late_does_not_run_the_handler() -> None:
-    store = LateAnswers()
+    clock = LoopClock()
+    store = LateAnswers(clock)
     ran: list[int] = []
     scheduler = Scheduler(store, instance_id="late", lease_ms=LEASE_MS,
-                          heartbeat_ms=HEARTBEAT_MS)
+                          heartbeat_ms=HEARTBEAT_MS, clock=clock)
     scheduler.every("job", "1h", lambda ctx: ran.append(ctx.attempt))
     await scheduler.start()
     try:
@@ -118,13 +124,14 @@ async def test_run_now_answered_late_does_not_run_the_handler() -> None:
 
 
 async def test_try_claim_answered_late_is_not_claimed() -> None:
-    store = LateAnswers()
+    clock = LoopClock()
+    store = LateAnswers(clock)
     scheduler = Scheduler(store, instance_id="late", lease_ms=LEASE_MS,
-                          heartbeat_ms=HEARTBEAT_MS)
+                          heartbeat_ms=HEARTBEAT_MS, clock=clock)
     scheduler.define("job")
     await scheduler.start()
     try:
-        slot = int(time.time() * 1000)
+        slot = int(clock.time() * 1000)
         store.delay_s["late"] = LEASE_MS / 1000 * 1.5
         outcome = await scheduler.try_claim("job", slot)
         assert isinstance(outcome, NotClaimed)
@@ -132,19 +139,20 @@ async def test_try_claim_answered_late_is_not_claimed() -> None:
         # A prompt answer still wins the next slot.
         store.delay_s["late"] = 0.0
         handle = await scheduler.try_claim("job", slot + 1)
-        assert handle
+        assert isinstance(handle, ClaimHandle)
         await handle.finish()
     finally:
         await scheduler.stop()
 
 
 async def test_scheduled_slot_answered_late_is_run_once_by_a_backup() -> None:
-    store = LateAnswers()
+    clock = LoopClock()
+    store = LateAnswers(clock)
     ran: list[tuple[str, int, int]] = []
 
     def make(instance: str) -> Scheduler:
         scheduler = Scheduler(store, instance_id=instance, lease_ms=LEASE_MS,
-                              heartbeat_ms=HEARTBEAT_MS)
+                              heartbeat_ms=HEARTBEAT_MS, clock=clock)
 
         async def handler(ctx: JobContext) -> None:
             ran.append((instance, ctx.slot, ctx.attempt))
@@ -154,12 +162,12 @@ async def test_scheduled_slot_answered_late_is_run_once_by_a_backup() -> None:
 
     store.delay_s["late"] = LEASE_MS / 1000 * 1.5
     late = make("late")
-    slot = await next_slot_alone()
+    slot = await next_slot_alone(clock)
     await late.start()
     backup: Scheduler | None = None
     try:
         # The late instance claims the slot alone; then a prompt backup starts.
-        await asyncio.sleep(max(0.0, slot / 1000 - time.time()) + 0.05)
+        await asyncio.sleep(max(0.0, slot / 1000 - clock.time()) + 0.05)
         backup = make("backup")
         await backup.start()
         for _ in range(100):  # 5 s at most: the late answer, the expiry, the takeover
@@ -183,11 +191,12 @@ async def test_scheduled_slot_answered_late_is_run_once_by_a_backup() -> None:
 
 
 async def test_a_lone_instance_answered_late_takes_its_own_run_over() -> None:
-    store = LateAnswers()
-    scheduler, ran = every_2s(store, "late")
+    clock = LoopClock()
+    store = LateAnswers(clock)
+    scheduler, ran = every_2s(store, "late", clock)
     store.delay_s["late"] = LEASE_MS / 1000 * 1.5
     store.late_claims["late"] = 1  # its first claim, of this slot
-    slot = await next_slot_alone()
+    slot = await next_slot_alone(clock)
     await scheduler.start()
     try:
         await until_ran(ran, slot)  # 5 s at most
@@ -197,13 +206,14 @@ async def test_a_lone_instance_answered_late_takes_its_own_run_over() -> None:
 
 
 async def test_a_claim_won_again_by_its_retry_keeps_the_lease_its_first_commit_set() -> None:
-    store = LostAnswers()
+    clock = LoopClock()
+    store = LostAnswers(clock)
     scheduler = Scheduler(store, instance_id="lost", lease_ms=LEASE_MS,
-                          heartbeat_ms=HEARTBEAT_MS)
+                          heartbeat_ms=HEARTBEAT_MS, clock=clock)
     scheduler.define("job")
     await scheduler.start()
     try:
-        slot = int(time.time() * 1000)
+        slot = int(clock.time() * 1000)
         # The first try's answer is lost after 1.5 leases; the retry wins that commit, whose
         # lease has expired by then: not claimed, a backup takes the run over.
         store.lose_wins["lost"], store.delay_s = 1, LEASE_MS / 1000 * 1.5
@@ -213,7 +223,7 @@ async def test_a_claim_won_again_by_its_retry_keeps_the_lease_its_first_commit_s
         # An answer lost at once: the retry's win keeps nearly the whole lease.
         store.lose_wins["lost"], store.delay_s = 1, 0.0
         handle = await scheduler.try_claim("job", slot + 1)
-        assert handle
+        assert isinstance(handle, ClaimHandle)
         assert handle.attempt == 1
         await handle.finish()
     finally:
@@ -221,9 +231,10 @@ async def test_a_claim_won_again_by_its_retry_keeps_the_lease_its_first_commit_s
 
 
 async def test_a_scheduled_claim_whose_answer_was_lost_is_not_run_on_an_expired_lease() -> None:
-    store = LostAnswers()
-    scheduler, ran = every_2s(store, "lost")
-    slot = await next_slot_alone()
+    clock = LoopClock()
+    store = LostAnswers(clock)
+    scheduler, ran = every_2s(store, "lost", clock)
+    slot = await next_slot_alone(clock)
     store.lose_wins["lost"], store.delay_s = 1, LEASE_MS / 1000 * 1.5
     await scheduler.start()
     try:
@@ -236,11 +247,12 @@ async def test_a_scheduled_claim_whose_answer_was_lost_is_not_run_on_an_expired_
 
 async def test_a_backup_takeover_whose_answer_was_lost_is_not_run_on_an_expired_lease(
 ) -> None:
-    store = LostAnswers()
-    backup, ran = every_2s(store, "backup")
-    slot = await next_slot_alone()
+    clock = LoopClock()
+    store = LostAnswers(clock)
+    backup, ran = every_2s(store, "backup", clock)
+    slot = await next_slot_alone(clock)
     # A runner that never heartbeats holds the slot until a second after it is due.
-    await asyncio.sleep(max(0.0, slot / 1000 - time.time() - 0.5))
+    await asyncio.sleep(max(0.0, slot / 1000 - clock.time() - 0.5))
     ghost = await store.claim(ClaimRequest(job="job", slot=slot, token="ghost",
                                            runner="ghost", lease_ms=1_500))
     assert ghost.won

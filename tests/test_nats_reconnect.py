@@ -1,11 +1,11 @@
 """A NATS server that goes away mid-run and comes back: instances reconnect, and no slot
-runs twice. Uses its own nats-server (free port, JetStream store in a temp dir)."""
+runs twice. Uses its own nats-server (free port, JetStream store in a temp dir), stopped
+cleanly (SIGTERM) each time: nats-server fsyncs JetStream only periodically, so a crash
+could lose acknowledged claims (the server's caveat)."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,61 +18,15 @@ from anarchon_core.backends.claimrecords import claim_record, encode_json
 from anarchon_core.backends.nats import NatsBackend
 from anarchon_core.models import ClaimOutcome, ClaimRequest, RunRef
 
-from .stores import unavailable
-from .support.helpers import free_port
+from .support.helpers import NatsServer, started
 from .support.procs import InstanceJob, grid_slots, now_ms, read_history, start_instances
 
 pytestmark = [pytest.mark.timeout(120)]
 
 
-class NatsServer:
-    """A nats-server with JetStream on 127.0.0.1:``port``, its store in ``store_dir``."""
-
-    def __init__(self, binary: str, port: int, store_dir: Path, log: Path) -> None:
-        self.binary, self.port, self.store_dir, self.log = binary, port, store_dir, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js",
-                 "-sd", str(self.store_dir)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited:\n{self.log.read_text()[-2000:]}")
-            if "Server is ready" in self.log.read_text(errors="replace"):
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"nats-server not ready:\n{self.log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        """SIGTERM (JetStream flushes its store) and wait; SIGKILL if it hangs."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    binary = shutil.which("nats-server")
-    if binary is None:
-        unavailable("nats-server", "not on PATH")
-        raise AssertionError("unreachable")
-    server = NatsServer(binary, free_port(), tmp_path / "js", tmp_path / "nats-server.log")
-    server.start()
+    server = started(lambda: NatsServer(tmp_path / "nats"))
     try:
         yield server
     finally:
@@ -86,7 +40,7 @@ async def test_backend_survives_a_server_restart(nats_server: NatsServer) -> Non
         slot = await backend.clock_ms()
         first = ClaimRequest("job", slot, new_token(), "a", max_late_ms=60_000)
         assert (await backend.claim(first)).won
-        await asyncio.to_thread(nats_server.stop)
+        await asyncio.to_thread(nats_server.halt, crash=False)
         await asyncio.to_thread(nats_server.start)
         outcome = None
         for _ in range(100):  # JetStream needs a moment to recover its streams
@@ -136,7 +90,7 @@ def test_instances_reconnect_and_no_slot_runs_twice(
     with start_instances(url, jobs, 3, tmp_path / "fleet") as cluster:
         cluster.wait_ready()
         time.sleep(4)
-        nats_server.stop()          # every connection drops, runs are mid-way
+        nats_server.halt(crash=False)  # every connection drops, runs are mid-way
         time.sleep(3)
         nats_server.start()
         back = now_ms()

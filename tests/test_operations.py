@@ -37,8 +37,8 @@ from anarchon_core.schedules import EverySchedule, ms_to_datetime
 from anarchon_core.testing import MemoryBackend
 
 from .stores import StoreHandle
-from .stores.redis import start_server
-from .support.helpers import free_port
+from .support.clock import LoopClock
+from .support.helpers import free_port, start_redis
 from .support.procs import (
     InstanceJob,
     await_until,
@@ -62,10 +62,12 @@ def anarchon(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
 
 # ------------------------------------------------------------------------- pause
 
+@pytest.mark.looptime
 async def test_a_paused_job_is_recorded_skipped_once_per_slot_and_resumes() -> None:
-    store = MemoryBackend()
-    scheduler = Scheduler(store, instance_id="a", lease_ms=2_000)
-    operator = Scheduler(store.reader(), instance_id="ops")
+    clock = LoopClock()  # virtual time: the pause, the skipped slots, the resume
+    store = MemoryBackend(clock.store_ms)
+    scheduler = Scheduler(store, instance_id="a", lease_ms=2_000, clock=clock)
+    operator = Scheduler(store.reader(), instance_id="ops", clock=clock)
     ran: list[int] = []
 
     @scheduler.every("tick", "200ms", jitter_ms=0)
@@ -86,7 +88,7 @@ async def test_a_paused_job_is_recorded_skipped_once_per_slot_and_resumes() -> N
         await asyncio.sleep(0.6)
         assert len(ran) == count, "a paused job ran"
         await scheduler.pause("sent-by-caller")
-        slot = round(time.time() * 1000)
+        slot = round(clock.time() * 1000)
         refused = await scheduler.try_claim("sent-by-caller", slot)
         assert isinstance(refused, NotClaimed)
         assert refused.outcome is ClaimOutcome.PAUSED
@@ -314,7 +316,7 @@ def test_metrics_are_served_over_http_by_anarchon_run(tmp_path: Path) -> None:
 
 def test_a_store_outage_logs_a_handful_of_lines(tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    server = start_server(tmp_path / "redis")
+    server = start_redis(tmp_path / "redis")
     ran: list[int] = []
 
     async def main() -> None:
@@ -332,7 +334,7 @@ def test_a_store_outage_logs_a_handful_of_lines(tmp_path: Path,
             long_run = asyncio.ensure_future(scheduler.run_now("long"))
             await asyncio.sleep(0.5)
             mark = len(caplog.records)
-            server.stop(signal.SIGKILL)
+            server.halt(crash=True)
             await asyncio.sleep(15)
             server.start()
             await await_until(lambda: any("reachable again" in r.getMessage()
@@ -360,7 +362,7 @@ def test_a_store_outage_logs_a_handful_of_lines(tmp_path: Path,
         with caplog.at_level(logging.INFO):
             asyncio.run(main())
     finally:
-        server.stop(signal.SIGKILL)
+        server.halt(crash=True)
     assert datetime.now(UTC)  # the run above finished inside the timeout
 
 

@@ -40,7 +40,7 @@ from anarchon_core.errors import StoreNotSetUp
 from .stores import unavailable
 from .stores.postgres import POSTGRES_URL, drop_tables
 from .stores.redis import SHARED_URL as REDIS_URL
-from .stores.redis import Server, start_server
+from .support.helpers import RedisServer, start_redis
 
 NATS_URL = "nats://127.0.0.1:4222"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -238,10 +238,10 @@ def rds() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture(scope="module")
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A dedicated server: what the namespace listing finds is this module's alone (the
     shared server holds every earlier run's prefixes, more than a listing shows)."""
-    server = start_server(tmp_path_factory.mktemp("own-redis"))
+    server = start_redis(tmp_path_factory.mktemp("own-redis"))
     try:
         yield server
     finally:
@@ -249,7 +249,7 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture
-def own_rds(own_redis: Server) -> Iterator[redis.Redis]:
+def own_rds(own_redis: RedisServer) -> Iterator[redis.Redis]:
     with redis.Redis.from_url(own_redis.url, socket_timeout=5) as client:
         yield client
 
@@ -259,7 +259,7 @@ def _keys(client: redis.Redis, part: str) -> list[bytes]:
 
 
 @pytest.mark.parametrize("command", sorted(READS))
-def test_a_wrong_redis_prefix_writes_no_key(own_rds: redis.Redis, own_redis: Server,
+def test_a_wrong_redis_prefix_writes_no_key(own_rds: redis.Redis, own_redis: RedisServer,
                                              command: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     good = ns()
@@ -279,7 +279,7 @@ def test_a_wrong_redis_prefix_writes_no_key(own_rds: redis.Redis, own_redis: Ser
 
 
 def test_redis_namespaces_are_the_prefixes_with_a_format_key(own_rds: redis.Redis,
-                                                            own_redis: Server) -> None:
+                                                            own_redis: RedisServer) -> None:
     base = ns()
     try:
         run(set_up(RedisBackend(own_redis.url, prefix=f"{base}:a:")))

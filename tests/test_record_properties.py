@@ -127,7 +127,8 @@ def test_control_record_decoders_return_a_value_or_raise_corrupt_record(text: st
 
 
 @PROFILE
-@given(spec=st.dictionaries(st.sampled_from(["every", "offset", "cron", "tz"]), json_values),
+@given(spec=st.dictionaries(st.sampled_from(["every", "offset", "cron", "tz", "dst"]),
+                            json_values),
        after=st.integers(MIN_SLOT, MAX_SLOT))
 def test_a_job_definition_next_slot_is_a_slot_or_none(spec: dict[str, Any], after: int) -> None:
     assert in_range(JobDefinition("j", "?", "d", spec).next_slot(after))

@@ -14,7 +14,7 @@ from anarchon_core.backends.redis import RedisBackend, ValkeyBackend
 from anarchon_core.errors import ConfigError, StoreUnavailable
 from anarchon_core.models import ClaimOutcome, ClaimRequest
 
-from .stores.redis import start_server
+from .support.helpers import start_redis
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,7 +50,7 @@ def _request() -> ClaimRequest:
 
 def test_claim_waits_for_a_replica(tmp_path: Path) -> None:
     """No replica: the claim is not won (transient error). With one: it is won."""
-    primary = start_server(tmp_path / "primary")
+    primary = start_redis(tmp_path / "primary")
     replica = None
     try:
         async def claim() -> ClaimOutcome:
@@ -64,8 +64,8 @@ def test_claim_waits_for_a_replica(tmp_path: Path) -> None:
 
         with pytest.raises(StoreUnavailable, match="acknowledged by 0 replicas"):
             asyncio.run(claim())
-        replica = start_server(tmp_path / "replica",
-                               args=["--replicaof", "127.0.0.1", str(primary.port)])
+        replica = start_redis(tmp_path / "replica",
+                              args=["--replicaof", "127.0.0.1", str(primary.port)])
         deadline = time.monotonic() + 30
         with redis.Redis(port=replica.port) as r:
             while r.info("replication").get("master_link_status") != "up":

@@ -40,7 +40,8 @@ from anarchon_core.errors import (
 from anarchon_core.models import ClaimOutcome, ClaimRequest, HistoryQuery, RunRef
 from anarchon_core.url import backend_from_url
 
-from .stores.redis import SHARED_URL, start_server
+from .stores.redis import SHARED_URL
+from .support.helpers import start_redis
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
@@ -527,7 +528,7 @@ async def test_valkey_url_reaches_valkey(store_handles: Any, namespace: str) -> 
 async def test_cluster_runs_every_strategy_without_crossslot(
     store_handles: Any, namespace: str
 ) -> None:
-    port = store_handles("redis-cluster").extra[0].port
+    port = store_handles("redis-cluster").extra.port
     for strategy in ("lease", "stream-id", "script"):
         for job in ("alpha", "beta", "gamma", "delta"):  # jobs spread over the nodes
             backend = RedisBackend(f"redis://127.0.0.1:{port}/0?cluster=true",
@@ -554,7 +555,7 @@ async def test_cluster_runs_every_strategy_without_crossslot(
 async def test_read_only_backend_works_for_an_acl_user_limited_to_reads(
     tmp_path: Path, namespace: str,
 ) -> None:
-    server = start_server(tmp_path)
+    server = start_redis(tmp_path)
     try:
         with redis.Redis(port=server.port, decode_responses=True) as admin_client:
             admin_client.execute_command(

@@ -7,7 +7,6 @@ as one batched script per :data:`SCRIPT_BATCH` calls: still one decision per cal
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from anarchon_core.backends.redis.keys import redis_key
 from anarchon_core.errors import StoreError, StoreUnavailable
 from anarchon_core.models import ClaimOutcome, ClaimRequest, ClaimResult, RunRef
 
-from .stores.redis import SHARED_URL, start_server
+from .stores.redis import SHARED_URL
+from .support.helpers import start_redis
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.service("redis")]
 
@@ -153,7 +153,7 @@ async def test_a_bad_key_fails_only_its_own_claim_in_a_pipeline(namespace: str) 
 
 
 async def test_scripts_flushed_from_the_server_are_loaded_again(tmp_path: Path) -> None:
-    server = start_server(tmp_path)
+    server = start_redis(tmp_path)
     backend = RedisBackend(server.url, prefix="flush:")
     try:
         await backend.start()
@@ -179,12 +179,12 @@ async def test_scripts_flushed_from_the_server_are_loaded_again(tmp_path: Path) 
 
 async def test_a_server_gone_mid_burst_fails_every_claim_as_unavailable(
         tmp_path: Path) -> None:
-    server = start_server(tmp_path)
+    server = start_redis(tmp_path)
     backend = RedisBackend(server.url, prefix="gone:")
     try:
         await backend.start()
         slot = await backend.clock_ms()
-        server.stop(signal.SIGKILL)
+        server.halt(crash=True)
         results = await backend.claim_many([req(slot, f"j{i}") for i in range(300)])
         assert len(results) == 300
         assert all(isinstance(r, StoreUnavailable) for r in results), results[:2]

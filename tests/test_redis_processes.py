@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .stores.redis import start_server
+from .support.helpers import start_redis
 from .support.procs import (
     InstanceJob,
     now_ms,
@@ -29,15 +29,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 def test_scheduler_reconnects_after_the_store_restarts(strategy: str, namespace: str,
                                                        tmp_path: Path) -> None:
     # Persistent on purpose: a restart must not forget which runs were claimed.
-    server = start_server(tmp_path / "redis", args=["--appendonly", "yes",
-                                                    "--appendfsync", "always"])
+    server = start_redis(tmp_path / "redis", durable=True)
     try:
         url = f"{server.url}?prefix={namespace}:&strategy={strategy}"
         jobs = [InstanceJob("tick", every="1s", sleep_s=0.05)]
         with start_instances(url, jobs, 3, tmp_path / "fleet") as cluster:
             cluster.wait_ready()
             time.sleep(4)
-            server.stop()
+            server.halt(crash=False)
             down_at = now_ms()
             time.sleep(2)
             server.start()

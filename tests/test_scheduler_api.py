@@ -79,7 +79,8 @@ def test_jobs_report_schedule_next_slot_and_option_defaults(tmp_path: Path) -> N
     assert now - 1_000 < ten.next_slot <= now + 10_000
     assert ten.next_run_at == datetime.fromtimestamp(ten.next_slot / 1000, UTC)
     assert ten.options == {"timeout_ms": None, "jitter_ms": 1_000, "max_late_ms": 10_000,
-                           "overlap": False, "max_attempts": 3, "catch_up_ms": 0}
+                           "overlap": "skip", "max_attempts": 3, "catch_up_ms": 0,
+                           "catch_up": "newest"}
     # The jitter default: at most 1 s and at most 10 % of the gap between slots.
     assert info["one"].options["jitter_ms"] == 100
     assert info["one"].options["max_late_ms"] == 1_100  # never below jitter + 1 s
@@ -99,7 +100,8 @@ def test_jobs_report_schedule_next_slot_and_option_defaults(tmp_path: Path) -> N
         ZoneInfo("Europe/Athens"))
     assert (local.hour, local.minute, local.second) == (8, 0, 0)
     assert athens.options == {"timeout_ms": 60_000, "jitter_ms": 0, "max_late_ms": 5_000,
-                              "overlap": True, "max_attempts": 2, "catch_up_ms": 3_600_000}
+                              "overlap": "allow", "max_attempts": 2, "catch_up_ms": 3_600_000,
+                              "catch_up": "newest"}
 
 
 # ------------------------------------------------------------------ run_now and history
@@ -223,28 +225,29 @@ async def test_raising_handlers_fail_with_the_exception_text(tmp_path: Path) -> 
 
 
 async def test_timeout_fails_async_and_sync_handlers(tmp_path: Path) -> None:
+    """The async and the cooperative handler would work for 2 minutes: the timeout ends
+    them (the run returns long before). The stubborn one ignores the flag: its run ends
+    once its code returns, failed all the same."""
     scheduler = make(tmp_path)
 
     @scheduler.every("async-slow", "1h", timeout_ms=200)
     async def async_slow(ctx: JobContext) -> None:
-        await asyncio.sleep(10)
+        await asyncio.sleep(120)
 
     @scheduler.every("sync-cooperative", "1h", timeout_ms=200)
     def sync_cooperative(ctx: JobContext) -> None:
-        for _ in range(500):
+        for _ in range(12_000):
             ctx.raise_if_cancelled()
             time.sleep(0.01)
 
     @scheduler.every("sync-stubborn", "1h", timeout_ms=200)
     def sync_stubborn(ctx: JobContext) -> None:
-        time.sleep(1.5)  # ignores the flag: cut off after the cooperation period
+        time.sleep(1.5)  # ignores the flag: the run waits for the code to return
 
     try:
         for name in ("async-slow", "sync-cooperative", "sync-stubborn"):
-            started = time.monotonic()
-            run = await scheduler.run_now(name)
+            run = await asyncio.wait_for(scheduler.run_now(name), 30)
             assert (run.status, run.error) == ("failed", "timeout"), name
-            assert time.monotonic() - started < 3
             (entry,) = await scheduler.history(name)
             assert (entry.status, entry.error) == ("failed", "timeout"), name
     finally:
@@ -282,9 +285,8 @@ async def test_stop_sets_the_cancel_flag_of_a_sync_handler(tmp_path: Path) -> No
     try:
         assert await asyncio.to_thread(started.wait, 5)
     finally:
-        begun = time.monotonic()
-        await scheduler.stop(grace_ms=2_000)
-    assert time.monotonic() - begun < 3
+        # Returns once the handler has (it saw the flag), not at the end of the grace.
+        await asyncio.wait_for(scheduler.stop(grace_ms=60_000), 20)
     assert observed["flag_seen"] is True
     assert observed["cancelled"] is True
     reader = make(tmp_path, instance_id="reader:1")

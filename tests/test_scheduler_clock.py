@@ -1,24 +1,35 @@
-"""Scheduling by the store's clock: skewed and stepped instance clocks run nothing early."""
+"""Scheduling by the store's clock: skewed and stepped instance clocks run nothing early.
+
+On the event loop's time (``looptime`` and a :class:`~tests.support.clock.LoopClock`): the
+store's clock is the instance's, 30 s behind, and a start is compared with its slot exactly.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
+
+import pytest
 
 from anarchon_core import JobContext, Scheduler
 from anarchon_core.decision import EARLY_TOLERANCE_MS
 from anarchon_core.testing import MemoryBackend
+from tests.support.clock import LoopClock
+
+pytestmark = pytest.mark.looptime
 
 SKEW_MS = 30_000
 
 
-def store_clock() -> int:
-    """The store's clock: 30 s behind this machine's (as if every instance ran ahead)."""
-    return round(time.time() * 1000) - SKEW_MS
+def behind(clock: LoopClock) -> Callable[[], int]:
+    """The store's clock: 30 s behind the instance's (as if every instance ran ahead)."""
+    return lambda: clock.store_ms() - SKEW_MS
 
 
 async def test_a_skewed_instance_runs_slots_at_the_stores_time() -> None:
-    scheduler = Scheduler(MemoryBackend(clock=store_clock), lease_ms=3_000)
+    clock = LoopClock()
+    store_clock = behind(clock)
+    scheduler = Scheduler(MemoryBackend(clock=store_clock), lease_ms=3_000, clock=clock)
     started: list[tuple[int, int]] = []
 
     @scheduler.every("tick", "1s", jitter_ms=0)
@@ -28,11 +39,13 @@ async def test_a_skewed_instance_runs_slots_at_the_stores_time() -> None:
     async with scheduler:
         await asyncio.sleep(2.5)
     assert started
-    assert all(at >= slot - 50 for slot, at in started), started
+    assert all(at >= slot for slot, at in started), started
 
 
 async def test_a_clock_step_after_start_is_refused_by_the_store_and_corrected() -> None:
-    scheduler = Scheduler(MemoryBackend(clock=store_clock), lease_ms=3_000)
+    clock = LoopClock()
+    store_clock = behind(clock)
+    scheduler = Scheduler(MemoryBackend(clock=store_clock), lease_ms=3_000, clock=clock)
     started: list[tuple[int, int]] = []
 
     @scheduler.every("tick", "1s", jitter_ms=0)

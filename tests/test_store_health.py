@@ -7,24 +7,14 @@ import logging
 import pytest
 
 from anarchon_core import EventKind
-from anarchon_core import health as health_module
 from anarchon_core.events import Event, EventBus
 from anarchon_core.health import SETTLE_S, StoreHealth
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(health_module.time, "monotonic", fake)
-    return fake
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -32,21 +22,21 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_an_outage_is_two_lines_whatever_the_number_of_calls(
-        clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+        clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
     bus = EventBus("h:1")
     events: list[Event] = []
     bus.add(events.append, kinds=["store_error", "store_recovered"])
     recovered: list[list[tuple[str, int]]] = []
-    health = StoreHealth(bus, "Store(x)", on_recovered=recovered.append)
+    health = StoreHealth(bus, "Store(x)", on_recovered=recovered.append, clock=clock)
     error = ConnectionError("refused")
     with caplog.at_level(logging.DEBUG, logger="anarchon.store"):
         assert health.failed("claim", error) is True
         for n in range(500):
-            clock.now += 0.05
+            clock.advance(0.05)
             assert health.failed("heartbeat", error) is False
             if n % 10 == 0:
                 assert health.slot_missed("tick", n * 1000)
-        clock.now += 5
+        clock.advance(5)
         health.succeeded("claim")
         health.succeeded("claim")
     assert lines(caplog) == [
@@ -61,21 +51,21 @@ def test_an_outage_is_two_lines_whatever_the_number_of_calls(
 
 
 def test_stale_connections_failing_right_after_recovery_stay_quiet_unless_it_lasts(
-        clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
-    health = StoreHealth(EventBus("h:1"), "Store(x)")
+        clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    health = StoreHealth(EventBus("h:1"), "Store(x)", clock=clock)
     error = ConnectionError("closed")
     with caplog.at_level(logging.DEBUG, logger="anarchon.store"):
         health.failed("claim", error)
-        clock.now += 20
+        clock.advance(20)
         health.succeeded("claim")
-        clock.now += 1
+        clock.advance(1)
         health.failed("expired_runs", error)  # a pooled connection of the outage
-        clock.now += 0.1
+        clock.advance(0.1)
         health.succeeded("claim")
         assert len(lines(caplog)) == 2
-        clock.now += 2
+        clock.advance(2)
         health.failed("claim", error)  # still settling: quiet for now...
-        clock.now += SETTLE_S + 0.5
+        clock.advance(SETTLE_S + 0.5)
         health.failed("claim", error)  # ...but it lasts: a real outage, said once
         health.failed("claim", error)
     assert len(lines(caplog)) == 3

@@ -11,7 +11,8 @@ server the JSON and the row set, and the batch's lock statement for one job.
 
 The function is made from the very statements the two-message claim sends (the job
 locks, the current state read ``FOR UPDATE``, the clock with the overlap check, the
-inserts, the end of an attempt and the trim), rendered with PL/pgSQL variables where the
+inserts, the end of an attempt, the notes of a ``cancel_other`` claim, the start of a
+waiting attempt and the trim), rendered with PL/pgSQL variables where the
 other path binds parameters: only the decision itself is written twice. It lives in
 ``pg_temp``: each session creates its own copy before its first claim (so an instance
 always runs its own version's function, and nothing is left in the database), and it
@@ -32,7 +33,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..backend import Retention
-from ..decision import EARLY_TOLERANCE_MS, GAVE_UP, HANDED_OVER, LEASE_EXPIRED, OVERLAP_SKIP
+from ..decision import (
+    ALREADY_BUFFERED,
+    CANCELLED,
+    EARLY_TOLERANCE_MS,
+    GAVE_UP,
+    HANDED_OVER,
+    LEASE_EXPIRED,
+    OVERLAP_SKIP,
+    WAITING,
+    WAITING_HANDED_OVER,
+)
 from ..models import FINISHED_STATUSES, ClaimOutcome, ClaimRequest, ClaimResult
 from .common import trim_drawn
 from .sqlstore import Last, Step, Steps, Update, corrupt_records, report_corrupt_lease
@@ -42,10 +53,11 @@ __all__ = ["FUNCTION_VERSION", "claim_call", "claim_call_steps", "claim_function
            "update_call_steps", "update_function"]
 
 #: Part of the function's name: a release that changes the function changes it.
-FUNCTION_VERSION = 4
+FUNCTION_VERSION = 6
 #: The statements of :mod:`sqlstore` the function is made of (rendered with ``v_`` names).
 USED_QUERIES = ("lock_job", "lock_jobs", "current", "current_locked", "other_live",
-                "insert_attempt", "end_attempt", "trim", "trim_ttl")
+                "cancel_others", "resume_attempt", "insert_attempt", "end_attempt", "trim",
+                "trim_ttl")
 
 
 def function_name(runs: str, kind: str = "claim") -> str:
@@ -123,8 +135,8 @@ $anarchon$"""
 #: The variables of the decision (beyond the claim's own fields and the answer).
 _DECLARED = """v_attempt INTEGER; v_status TEXT; v_error TEXT; v_lease_until BIGINT;
     v_finished_at BIGINT; v_now BIGINT; v_live BOOLEAN; v_corrupt BIGINT;
-    v_keep_after BIGINT; v_ttl_cutoff BIGINT;
-    c_attempt INTEGER; c_token TEXT; c_status TEXT; c_lease BIGINT;"""
+    v_waiting BOOLEAN; v_keep_after BIGINT; v_ttl_cutoff BIGINT;
+    c_attempt INTEGER; c_token TEXT; c_status TEXT; c_lease BIGINT; c_error TEXT;"""
 
 
 def _decision(q: Mapping[str, str], now: str, field: str) -> str:
@@ -132,7 +144,7 @@ def _decision(q: Mapping[str, str], now: str, field: str) -> str:
 
     The claim's job, slot, manual flag, token and runner are in ``v_`` variables; its other
     fields are ``<field><name>`` (``r.lease_ms`` in the batch function's loop, ``p_lease_ms``
-    for a lone claim's parameters).
+    for a lone claim's parameters). ``<field>overlap`` is the policy's name.
     """
     missing = [key for key in USED_QUERIES if key not in q]
     if missing:
@@ -152,16 +164,22 @@ def _decision(q: Mapping[str, str], now: str, field: str) -> str:
             f"IF v_ttl_ms IS NULL THEN {q['trim']}; ELSE v_ttl_cutoff := v_now - v_ttl_ms; "
             f"{q['trim_ttl']}; END IF; END IF;")
     skip = "'skipped'"
+    lease = f"v_now + {r}lease_ms"
+    waits = f"c_error IN ({_literal(WAITING)}, {_literal(WAITING_HANDED_OVER)})"
+    cancelled = f"c_error = {_literal(CANCELLED)}"
+    # other_live's columns; the waiting one is read only where the table asks for it (a
+    # column of the derived table left unread is not computed).
+    live = f"({q['other_live']}) AS live (clock, other, corrupt, waiting)"
     return f"""o_outcome := NULL; o_attempt := 0; o_lease := NULL; o_stored := NULL;
         o_corrupt := NULL;
         -- The run's state, the clock and the overlap check in one statement: a won claim
         -- (the common case) needs all three, and the check costs a lookup when it does not.
         -- v_corrupt: the slot of a run whose lease the check ignores (reported by Python).
-        SELECT * INTO v_now, v_live, v_corrupt, c_attempt, c_token, c_status, c_lease
-            FROM ({q['other_live']}) AS live LEFT JOIN ({q['current']}) AS cur ON TRUE;
+        SELECT live.clock, live.other, live.corrupt, cur.*
+            INTO v_now, v_live, v_corrupt, c_attempt, c_token, c_status, c_lease, c_error
+            FROM {live} LEFT JOIN ({q['current']}) AS cur ON TRUE;
         IF c_attempt IS NULL THEN
-            v_live := v_live AND NOT {r}overlap;
-            IF NOT {r}overlap THEN o_corrupt := v_corrupt; END IF;
+            IF {r}overlap = 'allow' THEN v_live := FALSE; ELSE o_corrupt := v_corrupt; END IF;
             IF v_slot > v_now + {EARLY_TOLERANCE_MS} AND v_manual = 0 THEN
                 o_outcome := 'early';
             ELSIF {r}missed IS NOT NULL THEN
@@ -172,20 +190,44 @@ def _decision(q: Mapping[str, str], now: str, field: str) -> str:
                        f"(max_late_ms=%s)', v_now - v_slot, {r}max_late_ms)",
                        "v_now", "NULL", "1")}
                 o_outcome := 'late'; o_attempt := 1;
-            ELSIF v_live THEN
-                {write(skip, _literal(OVERLAP_SKIP), "v_now", "NULL", "1")}
-                o_outcome := 'overlap'; o_attempt := 1;
             ELSE
-                {write("'running'", "NULL", "NULL", f"v_now + {r}lease_ms", "1")}
-                {trim}
-                o_outcome := 'won'; o_attempt := 1; o_lease := v_lease_until;
+                IF v_live AND {r}overlap = 'buffer_one' THEN
+                    -- Whether a live run waits already: the check again, with that column.
+                    SELECT live.* INTO v_now, v_live, v_corrupt, v_waiting FROM {live};
+                END IF;
+                IF v_live AND {r}overlap = 'skip' THEN
+                    {write(skip, _literal(OVERLAP_SKIP), "v_now", "NULL", "1")}
+                    o_outcome := 'overlap'; o_attempt := 1;
+                ELSIF v_live AND {r}overlap = 'buffer_one' AND v_waiting THEN
+                    {write(skip, _literal(ALREADY_BUFFERED), "v_now", "NULL", "1")}
+                    o_outcome := 'overlap'; o_attempt := 1;
+                ELSIF v_live AND {r}overlap IN ('buffer_one', 'cancel_other') THEN
+                    IF {r}overlap = 'cancel_other' THEN {q['cancel_others']}; END IF;
+                    {write("'running'", _literal(WAITING), "NULL", lease, "1")}
+                    {trim}
+                    o_outcome := 'buffered'; o_attempt := 1; o_lease := v_lease_until;
+                ELSE
+                    {write("'running'", "NULL", "NULL", lease, "1")}
+                    {trim}
+                    o_outcome := 'won'; o_attempt := 1; o_lease := v_lease_until;
+                END IF;
             END IF;
         ELSE
             IF c_status = 'running' AND {r}missed IS NULL AND c_token <> v_token
                     AND (c_lease IS NULL OR c_lease <= v_now) THEN
-                SELECT * INTO c_attempt, c_token, c_status, c_lease
+                SELECT * INTO c_attempt, c_token, c_status, c_lease, c_error
                     FROM ({q['current_locked']}) AS cur;
-                v_now := {now};
+                IF c_status = 'running' AND ({r}overlap <> 'allow' OR {waits}) THEN
+                    -- The overlap check by the clock read after the row's lock.
+                    SELECT live.clock, live.other, live.corrupt INTO v_now, v_live, v_corrupt
+                        FROM {live};
+                ELSE
+                    v_now := {now};
+                END IF;
+            END IF;
+            IF c_status = 'running' AND {r}missed IS NULL AND (({waits}) IS TRUE
+                    OR (c_token <> v_token AND {r}overlap <> 'allow')) THEN
+                o_corrupt := v_corrupt;
             END IF;
             o_attempt := c_attempt; o_stored := c_status;
             IF c_status IS DISTINCT FROM 'running' THEN
@@ -193,12 +235,33 @@ def _decision(q: Mapping[str, str], now: str, field: str) -> str:
             ELSIF {r}missed IS NOT NULL THEN
                 o_outcome := 'running'; o_lease := c_lease;
             ELSIF c_token = v_token THEN
-                o_outcome := 'won'; o_lease := c_lease;
+                IF ({cancelled}) IS TRUE THEN
+                    {end(_literal(CANCELLED))}
+                    o_outcome := 'done';
+                ELSIF ({waits}) IS TRUE AND v_live THEN
+                    o_outcome := 'buffered'; o_lease := c_lease;
+                ELSIF ({waits}) IS TRUE THEN
+                    v_attempt := c_attempt; v_lease_until := {lease};
+                    {q['resume_attempt']};
+                    o_outcome := 'won'; o_lease := v_lease_until;
+                ELSE
+                    o_outcome := 'won'; o_lease := c_lease;
+                END IF;
             ELSIF c_lease IS NOT NULL AND c_lease > v_now THEN
+                o_outcome := 'running'; o_lease := c_lease;
+            ELSIF ({cancelled}) IS TRUE THEN
+                {end(_literal(CANCELLED))}
+                o_outcome := 'done';
+            ELSIF ({waits}) IS TRUE AND c_attempt < {r}max_attempts AND v_live THEN
+                {end("NULL")}
+                {write("'running'", _literal(WAITING), "NULL", lease, "c_attempt + 1")}
+                {trim}
+                o_outcome := 'buffered'; o_attempt := v_attempt; o_lease := v_lease_until;
+            ELSIF v_live AND {r}overlap <> 'allow' AND ({waits}) IS NOT TRUE THEN
                 o_outcome := 'running'; o_lease := c_lease;
             ELSIF c_attempt < {r}max_attempts THEN
                 {end(_literal(LEASE_EXPIRED))}
-                {write("'running'", "NULL", "NULL", f"v_now + {r}lease_ms", "c_attempt + 1")}
+                {write("'running'", "NULL", "NULL", lease, "c_attempt + 1")}
                 {trim}
                 o_outcome := 'won'; o_attempt := v_attempt; o_lease := v_lease_until;
             ELSE
@@ -210,7 +273,7 @@ def _decision(q: Mapping[str, str], now: str, field: str) -> str:
 
 #: The fields of each claim in the function's JSON argument, with their SQL types.
 _CLAIM_FIELDS = ("i INTEGER, job TEXT, slot BIGINT, manual INTEGER, token TEXT, runner TEXT, "
-                 "lease_ms BIGINT, overlap BOOLEAN, max_attempts INTEGER, max_late_ms BIGINT, "
+                 "lease_ms BIGINT, overlap TEXT, max_attempts INTEGER, max_late_ms BIGINT, "
                  "missed TEXT, trim_history BOOLEAN")
 #: The fields the decision reads from ``v_`` variables (the lone function's own parameters),
 #: and the batch's index of each claim; the others are ``r.<name>`` or ``p_<name>``.
@@ -271,7 +334,7 @@ def claim_call_steps(reqs: Sequence[ClaimRequest],
 def _claim_fields(req: ClaimRequest) -> dict[str, Any]:
     """A claim's fields as the functions take them (:data:`_CLAIM_FIELDS` but ``i``)."""
     return {"job": req.job, "slot": req.slot, "manual": int(req.manual), "token": req.token,
-            "runner": req.runner, "lease_ms": req.lease_ms, "overlap": req.overlap,
+            "runner": req.runner, "lease_ms": req.lease_ms, "overlap": req.policy,
             "max_attempts": req.max_attempts, "max_late_ms": req.max_late_ms,
             "missed": req.missed, "trim_history": trim_drawn()}
 

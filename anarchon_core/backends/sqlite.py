@@ -55,6 +55,7 @@ from .sqlstore import (
     ref_params,
     run_rounds,
     runs_steps,
+    slot_states_steps,
     update_batch_steps,
 )
 from .storeerrors import STORE, TRANSIENT, Kind, StoreErrors
@@ -129,6 +130,8 @@ class SqliteBackend(Backend):
             runs=self._names.runs, meta=self._names.meta, now=_NOW_MS, placeholder=placeholder,
             # BEGIN IMMEDIATE already holds the database's write lock.
             lock_job="SELECT :lock_key", lock_jobs="SELECT 1", has_meta=has_meta,
+            slot_keys="(SELECT json_extract(value, '$[0]') AS job, "
+                      "json_extract(value, '$[1]') AS slot FROM json_each(:keys)) AS k",
         )
 
     @classmethod
@@ -430,6 +433,13 @@ class SqliteBackend(Backend):
     async def newest_slots(self, jobs: Sequence[str]) -> dict[str, int | None]:
         """The newest scheduled slot of each job, in one read transaction."""
         return await self._read(lambda: newest_slots_steps(jobs))
+
+    async def slot_states(self, slots: Sequence[tuple[str, int]]
+                          ) -> dict[tuple[str, int], str] | None:
+        """The newest attempt's status of each scheduled slot on record, in one read."""
+        if not slots:
+            return {}
+        return await self._read(lambda: slot_states_steps(slots))
 
     async def write_control(self, name: str, value: str | None) -> None:
         """Set or delete a control record (a ``control:`` row of the meta table)."""

@@ -20,6 +20,7 @@ job, so no decision depends on another of the same transaction.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
@@ -29,9 +30,12 @@ from typing import Any, Generic, TypeVar, Union
 from ..backend import Retention
 from ..batching import CallBatcher, rounds
 from ..decision import (
+    CANCELLED,
     CORRUPT_LEASE,
-    HANDED_OVER,
+    FINAL_NOTES,
     MAX_LEASE_AHEAD_MS,
+    WAITING,
+    WAITING_HANDED_OVER,
     Action,
     Decision,
     RunState,
@@ -41,6 +45,7 @@ from ..decision import (
 from ..errors import StoreError, StoreUnavailable
 from ..models import (
     FINISHED_STATUSES,
+    RUN_STATUSES,
     ClaimOutcome,
     ClaimRequest,
     ClaimResult,
@@ -66,7 +71,7 @@ from .storeerrors import CorruptRecords
 __all__ = ["Batched", "Last", "SqlQueries", "Step", "Steps", "Update", "check_format",
            "claim_batch_steps", "claim_steps", "control_read_steps", "control_write_steps",
            "expired_steps", "job_names_steps", "newest_slots_steps", "report_corrupt_lease",
-           "rows_to_runs", "run_rounds", "runs_steps", "update_batch_steps"]
+           "rows_to_runs", "run_rounds", "runs_steps", "slot_states_steps", "update_batch_steps"]
 
 log = logging.getLogger("anarchon.sql")
 #: Rows anarchon cannot read are reported once each, then skipped quietly.
@@ -82,7 +87,12 @@ MAX_YIELDS = 10_000
 # table without it) and {set_meta} its assignment in ``finish``. Parameters are :named.
 # The tables themselves are created by :func:`anarchon_core.schema.sql_schema`.
 #: An attempt whose lease was not released (see :func:`~anarchon_core.decision.update_applies`).
-_NOT_RELEASED = f"(error IS NULL OR error <> '{HANDED_OVER}')"
+_NOT_RELEASED = "(error IS NULL OR error NOT IN ({}))".format(
+    ", ".join(f"'{note}'" for note in FINAL_NOTES))
+#: The note a release leaves (decision.released_error).
+_RELEASED_ERROR = (f"CASE WHEN error = '{CANCELLED}' THEN error "
+                   f"WHEN error IN ('{WAITING}', '{WAITING_HANDED_OVER}') "
+                   f"THEN '{WAITING_HANDED_OVER}' ELSE :handed_over END")
 _COLUMNS = ("job, slot, attempt, status, runner, started_at, finished_at, error, manual, "
             "lease_until, {meta_col}")
 _TEMPLATES: dict[str, str] = {
@@ -94,16 +104,22 @@ _TEMPLATES: dict[str, str] = {
     "control_read": """
         SELECT name, value FROM {meta} WHERE substr(name, 1, :length) = :prefix""",
     "now": "SELECT {now}",
+    # The attempts of the scheduled slots of ``:keys`` (a JSON list of [job, slot] pairs,
+    # turned into rows k(job, slot) by the dialect's {slot_keys}).
+    "slot_states": """
+        SELECT r.job, r.slot, r.attempt, r.status FROM {runs} r
+        JOIN {slot_keys} ON r.job = k.job AND r.slot = k.slot
+        WHERE r.manual = 0""",
     "lock_job": "{lock_job}",
     "lock_jobs": "{lock_jobs}",
     "current": """
-        SELECT attempt, token, status, lease_until FROM {runs}
+        SELECT attempt, token, status, lease_until, error FROM {runs}
         WHERE job = :job AND slot = :slot AND manual = :manual
         ORDER BY attempt DESC LIMIT 1""",
     # The clock, whether another run of the job holds a live lease by that same reading
-    # (decision.lease_is_live), and the slot of one whose lease is corrupt (further ahead
-    # than anarchon writes; reported): one statement, so it needs no earlier result (it can
-    # share a round trip).
+    # (decision.lease_is_live), the slot of one whose lease is corrupt (further ahead than
+    # anarchon writes; reported), and whether a live one is a waiting attempt: one
+    # statement, so it needs no earlier result (it can share a round trip).
     "other_live": """
         SELECT c.clock, EXISTS (
             SELECT 1 FROM {runs}
@@ -113,8 +129,23 @@ _TEMPLATES: dict[str, str] = {
             SELECT slot FROM {runs}
             WHERE job = :job AND status = 'running'
               AND lease_until > c.clock + """ + str(MAX_LEASE_AHEAD_MS) + """
-              AND NOT (slot = :slot AND manual = :manual) LIMIT 1)
+              AND NOT (slot = :slot AND manual = :manual) LIMIT 1), EXISTS (
+            SELECT 1 FROM {runs}
+            WHERE job = :job AND status = 'running' AND lease_until > c.clock
+              AND lease_until <= c.clock + """ + str(MAX_LEASE_AHEAD_MS) + """
+              AND error = '""" + WAITING + """'
+              AND NOT (slot = :slot AND manual = :manual))
         FROM (SELECT {now} AS clock) c""",
+    # overlap cancel_other: every other live run of the job is noted cancelled.
+    "cancel_others": """
+        UPDATE {runs} SET error = '""" + CANCELLED + """'
+        WHERE job = :job AND status = 'running' AND lease_until > :now
+          AND NOT (slot = :slot AND manual = :manual)""",
+    # A waiting attempt starts: its note cleared, a fresh lease.
+    "resume_attempt": """
+        UPDATE {runs} SET error = NULL, lease_until = :lease_until
+        WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
+          AND token = :token AND status = 'running'""",
     "insert_attempt": """
         INSERT INTO {runs} (job, slot, manual, attempt, token, status, runner,
                             lease_until, started_at, finished_at, error)
@@ -136,7 +167,7 @@ _TEMPLATES: dict[str, str] = {
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token AND status = 'running' AND """ + _NOT_RELEASED,
     "release": """
-        UPDATE {runs} SET lease_until = {now}, error = :handed_over
+        UPDATE {runs} SET lease_until = {now}, error = """ + _RELEASED_ERROR + """
         WHERE job = :job AND slot = :slot AND manual = :manual AND attempt = :attempt
           AND token = :token AND status = 'running'""",
     "attempt_status": """
@@ -220,15 +251,18 @@ class SqlQueries:
     @classmethod
     def render(
         cls, *, runs: str, meta: str, now: str, placeholder: str, lock_job: str,
-        lock_jobs: str, has_meta: bool = True,
+        lock_jobs: str, slot_keys: str, has_meta: bool = True,
     ) -> SqlQueries:
         """Fill the templates; ``placeholder`` is a format like ``"%({})s"`` or ``":{}"``.
+
+        ``slot_keys``: a table expression ``k(job, slot)`` of the pairs in the JSON list
+        ``:keys``.
 
         ``has_meta``: the table has the ``meta`` column (a table of an earlier release
         that could not be upgraded reads meta as empty and does not store it).
         """
         names = {"runs": runs, "meta": meta, "now": now, "lock_job": lock_job,
-                 "lock_jobs": lock_jobs,
+                 "lock_jobs": lock_jobs, "slot_keys": slot_keys,
                  "meta_col": "meta" if has_meta else "NULL",
                  "set_meta": ", meta = :meta" if has_meta else ""}
         out = {}
@@ -313,7 +347,7 @@ def claim_batch_steps(reqs: Sequence[ClaimRequest],
         key = _claim_key(req)
         # The overlap check is read with the state, before it is known to be needed; its
         # result is used only when the decision table asks for it, as before.
-        reads.append(Step("now", {}) if req.overlap else Step("other_live", key))
+        reads.append(Step("now", {}) if req.policy == "allow" else Step("other_live", key))
         reads.append(Step("current", key))
     replies = yield reads
     writes = Last()
@@ -325,7 +359,8 @@ def claim_batch_steps(reqs: Sequence[ClaimRequest],
         checked = needs_overlap_check(req, state)
         if checked and clock[2] is not None:
             report_corrupt_lease(req.job, clock[2])
-        decision = decide(req, state, now, checked and bool(clock[1]))
+        live = checked and len(clock) > 1
+        decision = decide(req, state, now, live and bool(clock[1]), live and bool(clock[3]))
         writes.extend(_claim_writes(req, decision, now, retention))
         token = req.token if decision.outcome is ClaimOutcome.WON else None
         results.append(ClaimResult(decision.outcome, decision.attempt, token,
@@ -349,18 +384,26 @@ def _claim_writes(req: ClaimRequest, decision: Decision, now: int,
     """The statements that apply ``decision`` (none when it writes nothing)."""
     key = _claim_key(req)
     writes = []
-    if decision.action is Action.START:
+    if decision.cancel_others:
+        writes.append(Step("cancel_others", {**key, "now": now}, rows=False))
+    if decision.action in (Action.START, Action.WAIT):
+        waits = decision.action is Action.WAIT
         if decision.attempt > 1:
             writes.append(Step("end_attempt", {
                 **key, "now": now, "attempt": decision.attempt - 1, "status": "interrupted",
-                "error": decision.error}, rows=False))
+                "error": None if waits else decision.error}, rows=False))
         writes.append(Step("insert_attempt", {
             **key, "now": now, "attempt": decision.attempt, "token": req.token,
             "status": "running", "runner": req.runner,
-            "lease_until": decision.lease_until_ms, "finished_at": None, "error": None,
+            "lease_until": decision.lease_until_ms, "finished_at": None,
+            "error": WAITING if waits else None,
         }, rows=False))
         if trim_drawn():
             writes.append(trim_step(req.job, retention, now))
+    elif decision.action is Action.RESUME:
+        writes.append(Step("resume_attempt", {
+            **key, "attempt": decision.attempt, "token": req.token,
+            "lease_until": decision.lease_until_ms}, rows=False))
     elif decision.action is Action.SKIP:
         writes.append(Step("insert_attempt", {
             **key, "now": now, "attempt": 1, "token": req.token, "status": decision.status,
@@ -516,10 +559,11 @@ def _run_state(req: ClaimRequest, row: Any) -> RunState:
     which the decision table answers ``done`` without writing: the run is not started
     (again), and the other runs of the job go on.
     """
-    attempt, token, status, lease = row
+    attempt, token, status, lease, error = row
     try:
         state = RunState(int(attempt), str(token), str(status),
-                         int(lease) if lease is not None else None)
+                         int(lease) if lease is not None else None,
+                         error if isinstance(error, str) else None)
     except (TypeError, ValueError, OverflowError):
         state = RunState(0, "", "corrupt", None)
     if state.status not in FINISHED_STATUSES and state.status != "running":
@@ -641,6 +685,26 @@ def newest_slots_steps(jobs: Sequence[str]
                                    f"unreadable newest slot: {exc}")
             out[job] = None
     return out
+
+
+def slot_states_steps(slots: Sequence[tuple[str, int]]
+                      ) -> Generator[Step, Any, dict[tuple[str, int], str]]:
+    """The newest attempt's status of each scheduled slot on record, in one statement.
+
+    A row anarchon cannot read leaves its slot out (the claim that follows reports it).
+    """
+    wanted = set(slots)
+    rows = yield Step("slot_states", {"keys": json.dumps([[job, slot] for job, slot in wanted])})
+    newest: dict[tuple[str, int], tuple[int, str]] = {}
+    for job, slot, attempt, status in rows:
+        try:
+            key = (str(job), record_ms(slot, "slot"))
+            number = record_int(attempt, "attempt", 1, MAX_COUNT)
+        except (ValueError, TypeError):
+            continue
+        if key in wanted and (key not in newest or number > newest[key][0]):
+            newest[key] = (number, str(status))
+    return {key: status for key, (_, status) in newest.items() if status in RUN_STATUSES}
 
 
 def job_names_steps() -> Generator[Step, Any, dict[str, Run | None]]:

@@ -81,9 +81,9 @@ def _print_table(history: dict[str, list[Run]], killed_pid: int | None) -> int:
          f"takeovers: {takeovers}")
     if any(r.status == "skipped" and (r.error or "").startswith("overlap")
            for runs in history.values() for r in runs):
-        _say("skipped (overlap): with overlap=False, the default, a job's slot is skipped "
-             "while its run before is still going (holds a live lease); overlap=True runs "
-             "them side by side")
+        _say("skipped (overlap): with overlap='skip', the default, a job's slot is skipped "
+             "while its run before is still going (holds a live lease); 'buffer_one' runs "
+             "one of them right after it, 'allow' runs them side by side")
     return duplicates
 
 
@@ -95,7 +95,7 @@ def _describe(run: Run, killed_pid: int | None) -> str:
         return f"{text} (killed)"
     reason = (run.error or "").split(":")[0]
     if run.status == "skipped" and reason == "overlap":
-        # overlap=False (the default): a slot is not run while the job's run before it
+        # overlap="skip" (the default): a slot is not run while the job's run before it
         # still holds a live lease, here the taken-over run that started late.
         return f"{text} (overlap: the run before it was still going)"
     return f"{text} ({reason})" if reason else text

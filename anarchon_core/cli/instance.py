@@ -15,6 +15,10 @@ monotonic clock, which a faked wall clock leaves alone) so lines of different pr
 be ordered even when their wall clocks are skewed. ``DIR/<pid>.clock`` holds this process's
 ``time.time()`` and ``time.monotonic_ns()`` read together at start (to verify a skew).
 
+Every claim answer of a scheduled slot is appended to ``DIR/<pid>.claims`` (one JSON line
+of job, slot and outcome; not fsynced: a count for the report, not evidence), so a harness
+can count the claims made per slot.
+
 Every handler also writes an ``exit`` line when its code returns, whatever the outcome, so
 tests can tell when two attempts' code ran at the same time. With ``"stubborn": true`` a
 handler ignores its cancellation and writes no ``end`` (it only sleeps).
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..context import JobContext
+from ..events import Event, EventKind
 from ..lifecycle import serve as run_until_stopped
 from ..scheduler import Scheduler
 
@@ -61,6 +66,24 @@ class Ledger:
         })
         os.write(self._fd, (line + "\n").encode())
         os.fsync(self._fd)
+
+
+#: The events that are a claim's answer (one per claim sent for a slot).
+CLAIM_ANSWERS = frozenset({EventKind.CLAIM_WON, EventKind.CLAIM_TAKEN,
+                           EventKind.CLAIM_SKIPPED, EventKind.TAKEOVER, EventKind.LATE})
+
+
+class ClaimLog:
+    """A listener appending each claim answer of a scheduled slot to a JSON-lines file."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a", buffering=1)
+
+    def __call__(self, event: Event) -> None:
+        """Write one line for a claim's answer (other events are ignored)."""
+        if event.kind in CLAIM_ANSWERS and not event.manual and event.slot is not None:
+            self._file.write(json.dumps({"job": event.job, "slot": event.slot,
+                                         "outcome": event.outcome or event.kind.value}) + "\n")
 
 
 def make_handler(spec: dict[str, Any], ledger: Ledger | None) -> Any:
@@ -141,6 +164,8 @@ def build(args: argparse.Namespace) -> Scheduler:
     ledger = None
     if args.ledger:
         ledger = Ledger(Path(args.ledger) / f"{os.getpid()}.jsonl")
+        scheduler.add_listener(ClaimLog(Path(args.ledger) / f"{os.getpid()}.claims"),
+                               kinds=CLAIM_ANSWERS)
     for spec in json.loads(args.jobs):
         handler = make_handler(spec, ledger)
         options = spec.get("options", {})

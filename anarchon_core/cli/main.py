@@ -28,6 +28,7 @@ from ..logjson import LOG_FORMATS, install_log_handler
 from ..models import Run
 from ..scheduler import Scheduler
 from ..schedules import CronSchedule, EverySchedule, Schedule, ms_to_datetime
+from ..slots import slot_from_datetime
 from ..url import backend_from_url, redact
 from .history import (
     MAX_COUNT,
@@ -322,11 +323,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_next(args: argparse.Namespace) -> int:
-    """Print the next slots of a cron expression, one ISO 8601 time per line."""
-    schedule = CronSchedule(args.expression, args.tz)
-    now = round(datetime.now(UTC).timestamp() * 1000)
-    for slot in schedule.upcoming(now, args.n):
-        print(ms_to_datetime(slot).astimezone(schedule.zone).isoformat())
+    """Print the next slots of a cron expression, one ISO 8601 time per line.
+
+    A slot a daylight-saving change decided is followed by two spaces and what the rule
+    did (``DST fall-back, second pass (both)``).
+    """
+    schedule = CronSchedule(args.expression, args.tz, args.dst)
+    after = args.after if args.after is not None else datetime.now(UTC)
+    for slot in schedule.upcoming(slot_from_datetime(after), args.n):
+        line = ms_to_datetime(slot).astimezone(schedule.zone).isoformat()
+        note = schedule.dst_note(slot)
+        print(f"{line}  {note}" if note else line)
     return 0
 
 
@@ -436,6 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC",
                      help="IANA time zone the expression is read in (default UTC)")
     nxt.add_argument("-n", type=count_arg, default=5, help=f"how many (1 to {MAX_COUNT})")
+    nxt.add_argument("--dst", default=None,
+                     help="what the job does when clocks change: once_first, once_last or "
+                          "both for the repeated hour, shift or skip for the gap, or one of "
+                          "each as once_last,skip (default: cron(8)'s rule)")
+    nxt.add_argument("--after", type=_moment, default=None,
+                     help="slots after this time (ISO 8601; UTC unless it has an offset; "
+                          "default now)")
     nxt.set_defaults(func=cmd_next)
 
     doctor = sub.add_parser(

@@ -30,6 +30,7 @@ from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_STOPPED
+from apscheduler.triggers.calendarinterval import CalendarIntervalTrigger
 from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
@@ -43,7 +44,6 @@ from anarchon_apscheduler import (
     current_run,
     slot_for,
 )
-from anarchon_apscheduler.triggers import CalendarIntervalTrigger
 from anarchon_core import ConfigError, slot_from_datetime
 from anarchon_core.claim import SyncClaimHandle
 from tests.stores import StoreHandle
@@ -284,11 +284,6 @@ def test_refused_interval_added_after_start_is_logged_at_once_and_never_runs(
     assert not RAN
 
 
-needs_calendar_intervals = pytest.mark.skipif(
-    CalendarIntervalTrigger is None, reason="CalendarIntervalTrigger needs APScheduler 3.11")
-
-
-@needs_calendar_intervals
 def test_calendar_interval_starting_today_is_refused() -> None:
     weekly = CalendarIntervalTrigger(weeks=1, hour=8, timezone="UTC")
     with pytest.raises(ConfigError) as info:
@@ -306,7 +301,6 @@ def test_calendar_interval_starting_today_is_refused() -> None:
     check_trigger("daily", CalendarIntervalTrigger(days=1, hour=8, timezone="UTC"))
 
 
-@needs_calendar_intervals
 def test_calendar_interval_without_start_date_never_runs_silently(
         url: str, caplog: pytest.LogCaptureFixture) -> None:
     """Added after start with a firing 2 s from now today: refused, logged, not run."""
@@ -527,8 +521,8 @@ def test_the_fleet_sees_each_jobs_trigger_and_the_start_counts_its_jobs(
         assert "started with 2 job(s)" in caplog.text
         jobs = {j.name: j.schedule for j in executor.scheduler.jobs()}
         assert jobs["sync"] == "APScheduler interval[0:00:30]"
-        assert jobs["report"] == "APScheduler cron[hour='8']"
-        assert jobs["later"] == "APScheduler cron[minute='*/5']"
+        assert jobs["report"] == "APScheduler cron 0 8 * * * UTC"
+        assert jobs["later"] == "APScheduler cron */5 * * * * UTC"
         deadline = time.monotonic() + 20  # the registry notices a new job within seconds
         while True:
             view = executor.scheduler.sync.status()

@@ -44,6 +44,24 @@ class State(enum.Enum):
     EXPIRED = "running, lease expired"
     #: Running, handed over by its runner (released): the lease is already expired.
     RELEASED = "running, released"
+    #: No record; an earlier slot runs and another earlier slot waits for it (buffered).
+    NONE_OTHER_WAITING = "no record, an earlier slot runs and another waits"
+    #: The caller's own waiting attempt; the run it waits for is still live.
+    WAITING_OWN = "running, the caller's own token, waiting"
+    #: The caller's own waiting attempt; the run it waited for has ended.
+    WAITING_OWN_FREE = "running, the caller's own token, waiting, the other run ended"
+    #: The caller's own waiting attempt, cancelled since by a later slot (cancel_other).
+    CANCELLED_OWN = "running, the caller's own token, cancelled"
+    #: Running, cancelled by a later slot (cancel_other), its lease expired.
+    CANCELLED_EXPIRED = "running, cancelled, lease expired"
+    #: A waiting attempt whose lease expired, while the run it waits for is still live.
+    WAITING_EXPIRED = "running, waiting, lease expired, the other run live"
+    #: Running, lease expired, while another slot of the job holds a live lease.
+    EXPIRED_OTHER_LIVE = "running, lease expired, another slot live"
+    #: Running, cancelled by a later slot (cancel_other), its lease live.
+    CANCELLED = "running, cancelled"
+    #: A waiting attempt released by its stopping holder.
+    WAITING_RELEASED = "running, waiting, released"
 
 
 #: One attempt as history shows it: (attempt, status, a piece of its error or None).
@@ -65,7 +83,7 @@ class ClaimCase:
     slot_offset_ms: int = 0
     missed: str | None = None
     max_late_ms: int | None = None
-    overlap: bool = False
+    overlap: str | bool = False
     manual: bool = False
     max_attempts: int = 3
     #: The slot's attempts after the claim, newest first.
@@ -102,10 +120,33 @@ CLAIMS: list[ClaimCase] = [
     ClaimCase("late", ("none", "first attempt claimed later"), State.NONE, ClaimOutcome.LATE,
               1, Action.SKIP, slot_offset_ms=-5_000, max_late_ms=1_000,
               history=((1, "skipped", "late"),)),
-    ClaimCase("overlap", ("none", "another run of the job holds"), State.NONE_OTHER_LIVE,
-              ClaimOutcome.OVERLAP, 1, Action.SKIP, history=((1, "skipped", "overlap"),)),
+    ClaimCase("overlap",
+              ("none", "another run of the job holds a live lease, overlap ``skip``"),
+              State.NONE_OTHER_LIVE, ClaimOutcome.OVERLAP, 1, Action.SKIP,
+              history=((1, "skipped", "overlap"),)),
     ClaimCase("overlap-allowed", ("none", "otherwise"), State.NONE_OTHER_LIVE,
               ClaimOutcome.WON, 1, Action.START, overlap=True,
+              history=((1, "running", None),)),
+    ClaimCase("overlap-allow-by-name", ("none", "otherwise"), State.NONE_OTHER_LIVE,
+              ClaimOutcome.WON, 1, Action.START, overlap="allow",
+              history=((1, "running", None),)),
+    ClaimCase("overlap-skip-by-name",
+              ("none", "another run of the job holds a live lease, overlap ``skip``"),
+              State.NONE_OTHER_LIVE, ClaimOutcome.OVERLAP, 1, Action.SKIP, overlap="skip",
+              history=((1, "skipped", "overlap"),)),
+    ClaimCase("buffered-already", ("none", "another run holds a live lease and one"),
+              State.NONE_OTHER_WAITING, ClaimOutcome.OVERLAP, 1, Action.SKIP,
+              overlap="buffer_one", history=((1, "skipped", "buffered already"),)),
+    ClaimCase("buffer-one",
+              ("none", "another run of the job holds a live lease, overlap ``buffer_one``"),
+              State.NONE_OTHER_LIVE, ClaimOutcome.BUFFERED, 1, Action.WAIT,
+              overlap="buffer_one", history=((1, "running", "buffered"),)),
+    ClaimCase("cancel-other",
+              ("none", "another run of the job holds a live lease, overlap ``cancel_other``"),
+              State.NONE_OTHER_LIVE, ClaimOutcome.BUFFERED, 1, Action.WAIT,
+              overlap="cancel_other", history=((1, "running", "buffered"),)),
+    ClaimCase("buffer-one-nothing-live", ("none", "otherwise"), State.NONE_OTHER_EXPIRED,
+              ClaimOutcome.WON, 1, Action.START, overlap="buffer_one",
               history=((1, "running", None),)),
     ClaimCase("earlier-lease-expired", ("none", "otherwise"), State.NONE_OTHER_EXPIRED,
               ClaimOutcome.WON, 1, Action.START, history=((1, "running", None),)),
@@ -124,10 +165,41 @@ CLAIMS: list[ClaimCase] = [
     ClaimCase("missed-after-expiry", ("running", "a ``missed`` request"), State.EXPIRED,
               ClaimOutcome.RUNNING, 1, Action.NONE, missed=REASON,
               history=((1, "interrupted", "lease expired"),)),
-    ClaimCase("own-token", ("running", "the caller's own token"), State.RUNNING_OWN,
-              ClaimOutcome.WON, 1, Action.NONE, history=((1, "running", None),)),
+    ClaimCase("own-token", ("running", "the caller's own token (a claim retried"),
+              State.RUNNING_OWN, ClaimOutcome.WON, 1, Action.NONE,
+              history=((1, "running", None),)),
+    ClaimCase("own-cancelled", ("running", "the caller's own token, cancelled"),
+              State.CANCELLED_OWN, ClaimOutcome.DONE, 1, Action.GIVE_UP,
+              overlap="buffer_one", history=((1, "interrupted", "cancelled"),)),
+    ClaimCase("own-waiting", ("running", "the caller's own token, waiting, another"),
+              State.WAITING_OWN, ClaimOutcome.BUFFERED, 1, Action.NONE,
+              overlap="buffer_one", history=((1, "running", "buffered"),)),
+    ClaimCase("own-waiting-starts", ("running", "the caller's own token, waiting, no"),
+              State.WAITING_OWN_FREE, ClaimOutcome.WON, 1, Action.RESUME,
+              overlap="buffer_one", history=((1, "running", None),)),
     ClaimCase("live", ("running", "lease in the future"), State.RUNNING,
               ClaimOutcome.RUNNING, 1, Action.NONE, history=((1, "running", None),)),
+    ClaimCase("live-cancelled", ("running", "lease in the future"), State.CANCELLED,
+              ClaimOutcome.RUNNING, 1, Action.NONE, overlap="cancel_other",
+              history=((1, "running", "cancelled"),)),
+    ClaimCase("expired-cancelled", ("running", "lease expired, cancelled"),
+              State.CANCELLED_EXPIRED, ClaimOutcome.DONE, 1, Action.GIVE_UP,
+              overlap="cancel_other", history=((1, "interrupted", "cancelled"),)),
+    ClaimCase("waiting-taken-over", ("running", "lease expired, waiting, attempt <"),
+              State.WAITING_EXPIRED, ClaimOutcome.BUFFERED, 2, Action.WAIT,
+              overlap="buffer_one",
+              history=((2, "running", "buffered"), (1, "interrupted", "buffered"))),
+    ClaimCase("waiting-released-taken-over", ("running", "lease expired, waiting, attempt <"),
+              State.WAITING_RELEASED, ClaimOutcome.BUFFERED, 2, Action.WAIT,
+              overlap="buffer_one",
+              history=((2, "running", "buffered"), (1, "interrupted", "handed over"))),
+    ClaimCase("takeover-waits-for-a-live-run", ("running", "lease expired, another run"),
+              State.EXPIRED_OTHER_LIVE, ClaimOutcome.RUNNING, 1, Action.NONE,
+              history=((1, "interrupted", "lease expired"),)),
+    ClaimCase("retried-beside-a-live-run-when-allowed",
+              ("running", "lease expired, attempt < max_attempts"), State.EXPIRED_OTHER_LIVE,
+              ClaimOutcome.WON, 2, Action.START, overlap="allow",
+              history=((2, "running", None), (1, "interrupted", "lease expired"))),
     ClaimCase("takeover", ("running", "lease expired, attempt < max_attempts"),
               State.EXPIRED, ClaimOutcome.WON, 2, Action.START,
               history=((2, "running", None), (1, "interrupted", "lease expired"))),
@@ -163,4 +235,14 @@ UPDATES: list[UpdateCase] = [
                (1, "success", None)),
     UpdateCase("release-finished", ("any", "otherwise"), "release", State.FINISHED, True,
                False, (1, "success", None)),
+    UpdateCase("heartbeat-waiting", ("heartbeat", "``running``"), "heartbeat",
+               State.WAITING_OWN, True, True, (1, "running", "buffered")),
+    UpdateCase("release-waiting", ("release", "``running``"), "release", State.WAITING_OWN,
+               True, True, (1, "interrupted", "handed over")),
+    UpdateCase("heartbeat-cancelled", ("any", "otherwise"), "heartbeat", State.CANCELLED,
+               True, False, (1, "running", "cancelled")),
+    UpdateCase("finish-cancelled", ("any", "otherwise"), "finish", State.CANCELLED, True,
+               False, (1, "running", "cancelled")),
+    UpdateCase("release-cancelled", ("release", "``running``"), "release", State.CANCELLED,
+               True, True, (1, "interrupted", "cancelled")),
 ]

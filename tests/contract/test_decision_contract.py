@@ -35,7 +35,8 @@ EARLIER_MS = 1_000
 
 
 def _request(slot: int, runner: str, *, token: str | None = None, manual: bool = False,
-             lease_ms: int = LIVE_LEASE_MS, overlap: bool = False, max_attempts: int = 3,
+             lease_ms: int = LIVE_LEASE_MS, overlap: str | bool = False,
+             max_attempts: int = 3,
              max_late_ms: int | None = None, missed: str | None = None) -> ClaimRequest:
     return ClaimRequest(job=JOB, slot=slot, token=token or new_token(), runner=runner,
                         manual=manual, lease_ms=lease_ms, overlap=overlap,
@@ -46,11 +47,66 @@ def _ref(request: ClaimRequest, attempt: int = 1) -> RunRef:
     return RunRef(request.job, request.slot, request.token, attempt, request.manual)
 
 
+async def _earlier_live(backend: Backend, slot: int) -> ClaimRequest:
+    """An earlier slot of the job that runs, with a live lease."""
+    other = _request(slot - EARLIER_MS, "holder")
+    assert (await backend.claim(other)).won
+    return other
+
+
+async def set_up_overlap(backend: Backend, state: State, slot: int,
+                         caller_token: str) -> ClaimRequest | None:
+    """The states of the overlap policies (waiting and cancelled attempts)."""
+    if state is State.NONE_OTHER_WAITING:
+        await _earlier_live(backend, slot - EARLIER_MS)
+        waiter = _request(slot - EARLIER_MS, "waiter", overlap="buffer_one")
+        assert (await backend.claim(waiter)).outcome is ClaimOutcome.BUFFERED
+        return None
+    if state is State.EXPIRED_OTHER_LIVE:
+        holder = _request(slot, "holder", lease_ms=SHORT_LEASE_MS)
+        assert (await backend.claim(holder)).won
+        assert (await backend.claim(_request(slot + EARLIER_MS // 2, "later",
+                                             overlap="allow"))).won
+        await asyncio.sleep(EXPIRY_WAIT_S)
+        return holder
+    earlier = await _earlier_live(backend, slot)
+    expires = state in (State.WAITING_EXPIRED, State.CANCELLED_EXPIRED)
+    mine = state in (State.WAITING_OWN, State.WAITING_OWN_FREE, State.CANCELLED_OWN)
+    if state in (State.CANCELLED, State.CANCELLED_EXPIRED):
+        # The slot runs (its lease started before the later slot came); a later slot's
+        # cancel_other claim cancels it.
+        holder = _request(slot, "holder", overlap="allow",
+                          lease_ms=SHORT_LEASE_MS if expires else LIVE_LEASE_MS)
+        assert (await backend.claim(holder)).won
+    else:
+        holder = _request(slot, "holder", token=caller_token if mine else None,
+                          overlap="buffer_one",
+                          lease_ms=SHORT_LEASE_MS if expires else LIVE_LEASE_MS)
+        assert (await backend.claim(holder)).outcome is ClaimOutcome.BUFFERED
+    if state in (State.CANCELLED_OWN, State.CANCELLED, State.CANCELLED_EXPIRED):
+        later = _request(slot + EARLIER_MS // 2, "later", overlap="cancel_other")
+        assert (await backend.claim(later)).outcome is ClaimOutcome.BUFFERED
+    if state is State.WAITING_OWN_FREE:
+        assert await backend.finish(_ref(earlier), "success")
+    if state is State.WAITING_RELEASED:
+        assert await backend.release(_ref(holder))
+    if expires:
+        await asyncio.sleep(EXPIRY_WAIT_S)
+    return holder
+
+
+_OVERLAP_STATES = {State.NONE_OTHER_WAITING, State.EXPIRED_OTHER_LIVE, State.WAITING_OWN,
+                   State.WAITING_OWN_FREE, State.CANCELLED_OWN, State.CANCELLED,
+                   State.CANCELLED_EXPIRED, State.WAITING_EXPIRED, State.WAITING_RELEASED}
+
+
 async def set_up(backend: Backend, state: State, slot: int, *, manual: bool = False,
-                 max_attempts: int = 3) -> ClaimRequest | None:
+                 max_attempts: int = 3, caller_token: str = "") -> ClaimRequest | None:
     """Put (JOB, slot) in ``state``; the holder's claim request, when there is one."""
     if state is State.NONE:
         return None
+    if state in _OVERLAP_STATES:
+        return await set_up_overlap(backend, state, slot, caller_token)
     if state in (State.NONE_OTHER_LIVE, State.NONE_OTHER_EXPIRED):
         expires = state is State.NONE_OTHER_EXPIRED
         other = _request(slot - EARLIER_MS, "holder",
@@ -95,9 +151,12 @@ def assert_history(got: list[Attempt], expected: tuple[Attempt, ...] | list[Atte
 async def test_claim_row(lease_backend: Backend, case: ClaimCase) -> None:
     now = await lease_backend.clock_ms()
     slot = now + case.slot_offset_ms
+    caller_token = new_token()
     holder = await set_up(lease_backend, case.state, slot, manual=case.manual,
-                          max_attempts=case.max_attempts)
-    own = holder.token if case.state is State.RUNNING_OWN and holder is not None else None
+                          max_attempts=case.max_attempts, caller_token=caller_token)
+    own = holder.token if case.state in (State.RUNNING_OWN, State.WAITING_OWN,
+                                         State.WAITING_OWN_FREE, State.CANCELLED_OWN) \
+        and holder is not None else None
     request = _request(slot, "caller", token=own, manual=case.manual, overlap=case.overlap,
                        max_attempts=case.max_attempts, max_late_ms=case.max_late_ms,
                        missed=case.missed)
@@ -112,7 +171,7 @@ async def test_claim_row(lease_backend: Backend, case: ClaimCase) -> None:
 @pytest.mark.parametrize("case", UPDATES, ids=lambda c: c.id)
 async def test_update_row(lease_backend: Backend, case: UpdateCase) -> None:
     slot = await lease_backend.clock_ms()
-    holder = await set_up(lease_backend, case.state, slot)
+    holder = await set_up(lease_backend, case.state, slot, caller_token=new_token())
     assert holder is not None
     ref = _ref(holder) if case.own_token else RunRef(JOB, slot, new_token(), 1, False)
     if case.update == "heartbeat":
@@ -122,10 +181,16 @@ async def test_update_row(lease_backend: Backend, case: UpdateCase) -> None:
     else:
         answer = await lease_backend.release(ref)
     assert answer is case.applies
-    assert_history(await slot_history(lease_backend, slot, False), [case.history], case.id)
+    after = await slot_history(lease_backend, slot, False)
+    assert_history(after, [case.history], case.id)
     # A live lease keeps a backup out; a released or ended attempt lets it through at once.
     backup = await lease_backend.claim(_request(slot, "backup"))
     live = case.history[1] == "running"
     expected = ClaimOutcome.RUNNING if live else (
         ClaimOutcome.WON if case.history[1] == "interrupted" else ClaimOutcome.DONE)
+    note = after[0][2] or ""
+    if not live and "cancelled" in note:
+        expected = ClaimOutcome.DONE  # a cancelled run is never taken over
+    elif not live and "buffered" in note:
+        expected = ClaimOutcome.BUFFERED  # still waits for a live run: the backup waits on
     assert backup.outcome is expected, case.id

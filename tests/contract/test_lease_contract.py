@@ -330,16 +330,20 @@ async def test_trimming_keeps_runs_a_late_claim_could_ask_for(lease_backend: Bac
 
 async def test_history_ttl_drops_old_runs(lease_backend: Backend) -> None:
     # 700 runs older than the TTL, then 300 within it: trimming runs on a random ~5 % of
-    # won claims, so one of the last 300 trims everything older (P(miss) ≈ 2e-7).
+    # won claims, so one of the last 300 trims everything older (P(miss) ≈ 2e-7). Each side
+    # is 50 s from the TTL's edge: the store's clock moves on while the 1,000 claims are
+    # made (over 10 s on a loaded machine).
     now = await slot_now(lease_backend)
-    lease_backend.configure_retention(Retention(history_ttl_ms=300_000))
-    for i in range(1000):
-        r = req(now - 1_000_000 + i * 1_000, overlap=True)
+    lease_backend.configure_retention(Retention(history_ttl_ms=350_000))
+    slots = [now - 1_100_000 + i * 1_000 for i in range(700)] + \
+        [now - 300_000 + i * 1_000 for i in range(300)]
+    for slot in slots:
+        r = req(slot, overlap=True)
         await lease_backend.claim(r)
         await lease_backend.finish(ref(r, 1), "success")
     runs = await lease_backend.history("job", limit=2000)
     assert len(runs) >= 290
-    assert min(x.slot for x in runs) >= now - 300_000 - 10_000
+    assert min(x.slot for x in runs) >= now - 350_000
 
 
 async def test_clock_is_close_to_local_time(lease_backend: Backend) -> None:

@@ -7,7 +7,10 @@ database of its own for this pytest session and drops it at the end.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -36,6 +39,36 @@ INSTALLED_APPS = [
     "anarchon_django",
     "tests.django.testapp",
 ]
+
+
+def _python_crontab() -> None:
+    """Bind the import name ``crontab`` to python-crontab's module, which django-celery-beat
+    imports.
+
+    rq-scheduler (required by django-tasks-rq) requires the ``crontab`` distribution,
+    whose ``crontab`` package has the same import name and wins over python-crontab's
+    ``crontab.py``. No test uses rq-scheduler's cron-string jobs, the only code of it that
+    needs its own module.
+    """
+    spec = importlib.util.find_spec("crontab")
+    try:
+        path = importlib.metadata.distribution("python-crontab").locate_file("crontab.py")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    if spec is None or spec.origin == str(path):
+        return
+    own = importlib.util.spec_from_file_location("crontab", str(path))
+    assert own is not None
+    assert own.loader is not None
+    module = importlib.util.module_from_spec(own)
+    sys.modules["crontab"] = module
+    own.loader.exec_module(module)
+
+
+# django-celery-beat (for import-celery-beat) is not installed beside Django 6.1.
+if importlib.util.find_spec("django_celery_beat") is not None:
+    _python_crontab()
+    INSTALLED_APPS.append("django_celery_beat")
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

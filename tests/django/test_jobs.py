@@ -105,3 +105,17 @@ def test_start_and_stop_inside_this_process(store: Store) -> None:
     history = anarchon_django.get_reader().sync.history(name, 50)
     assert {r.slot for r in history if r.status == "success"} >= set(ran)
     assert Note.objects.filter(job=name).count() == len(ran)
+
+
+def test_a_second_ready_does_not_register_declarations_twice(store: Store) -> None:
+    """INSTALLED_APPS changed under a test runner runs AppConfig.ready() again."""
+    from anarchon_django import runtime  # noqa: PLC0415
+
+    runtime.mark_ready()
+    scheduler = anarchon_django.get_scheduler()
+    name = f"testapp.twice-{uuid.uuid4().hex[:6]}"
+    try:
+        anarchon_django.every(name, "1h", lambda ctx: None)
+        assert [j.name for j in scheduler.jobs()].count(name) == 1
+    finally:
+        registry.forget(name)

@@ -26,8 +26,7 @@ from rq.registry import StartedJobRegistry
 
 from anarchon_core import Run
 from anarchon_core.url import backend_from_url
-from tests.stores.redis import start_server
-from tests.support.helpers import wait_for
+from tests.support.helpers import start_redis, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -39,7 +38,7 @@ TASK = "tests.django.tasksite.shop.jobs.tick"
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
     """A redis-server of this test's own: no persistence, stopped by PID."""
-    server = start_server(tmp_path / "redis", args=["--appendonly", "no"])
+    server = start_redis(tmp_path / "redis")
     try:
         yield server.url
     finally:

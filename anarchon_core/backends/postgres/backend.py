@@ -87,6 +87,7 @@ from ..sqlstore import (
     ref_params,
     run_rounds,
     runs_steps,
+    slot_states_steps,
     update_batch_steps,
 )
 from ..storeerrors import STORE, TRANSIENT, Kind, StoreErrors
@@ -276,6 +277,8 @@ class PostgresBackend(Backend):
                 "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT {} AS k "
                 "FROM unnest(CAST(:lock_keys AS TEXT[])) AS j ORDER BY k) AS keys"
             ).format(key.format(sql.SQL("j"), sql.Literal(runs))).as_string(),
+            slot_keys="(SELECT value->>0 AS job, CAST(value->>1 AS BIGINT) AS slot "
+                      "FROM json_array_elements(CAST(:keys AS json))) AS k",
         )
 
     @classmethod
@@ -573,6 +576,14 @@ class PostgresBackend(Backend):
         """The newest scheduled slot of each job, in one transaction."""
         await self._ensure_started()
         return await self._run(lambda: newest_slots_steps(jobs), what="newest slots read")
+
+    async def slot_states(self, slots: Sequence[tuple[str, int]]
+                          ) -> dict[tuple[str, int], str] | None:
+        """The newest attempt's status of each scheduled slot on record, in one statement."""
+        if not slots:
+            return {}
+        await self._ensure_started()
+        return await self._run(lambda: slot_states_steps(slots), what="slot states read")
 
     async def write_control(self, name: str, value: str | None) -> None:
         """Set or delete a control record (a ``control:`` row of the meta table)."""

@@ -27,13 +27,24 @@ it) for :meth:`~RedisBackend.job_names` and :meth:`~RedisBackend.runs`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...backend import FORMAT_VERSION, MAX_NAMESPACES, Backend
 from ...errors import ConfigError, UnsupportedStrategyError
-from ...models import ClaimRequest, ClaimResult, ExpiredRun, HistoryQuery, Run, RunPage, RunRef
+from ...models import (
+    RUN_STATUSES,
+    ClaimRequest,
+    ClaimResult,
+    ExpiredRun,
+    HistoryQuery,
+    Run,
+    RunPage,
+    RunRef,
+)
 from ...naming import validate_job_name, validate_prefix
 from ...readmodel import dump_meta, history_reader, page_jobs
 from ...records import record_ms
@@ -73,6 +84,11 @@ __all__ = ["Idmp", "Lease", "RedisBackend", "Script", "StreamId", "ValkeyBackend
 log = logging.getLogger("anarchon.redis")
 #: Job names listed by one ``SADD`` at most.
 _REGISTER_BATCH = 500
+#: ``HSCAN`` of the control records: fields asked per call, and calls at most.
+_SCAN_COUNT = 1_000
+_MAX_SCAN_CALLS = 10_000
+#: Characters a glob pattern gives a meaning (escaped in a ``MATCH`` prefix).
+_GLOB_SPECIAL = re.compile(r"[\\*?\[\]]")
 #: The bounds of :meth:`RedisBackend.namespaces`: ``SCAN`` calls, and keys each looks at.
 SCAN_CALLS, SCAN_COUNT = 10, 1_000
 _OTHERS = "'lease' (the default), 'stream-id' or 'script', which work on Redis 5+ and Valkey"
@@ -417,13 +433,43 @@ class RedisBackend(Backend):
             await conn.call("HSET", key, name, value)
 
     async def read_controls(self, prefix: str) -> dict[str, str]:
-        """The fields of ``<prefix>control`` that start with ``prefix``."""
-        flat = await LuaScript.load("read_hash").run(
-            await self._connection(), [redis_key(self.prefix, "control")], [],
-            read_only=self.read_only)
-        pairs = [str(v) for v in flat or []]
-        return {name: value for name, value in zip(pairs[::2], pairs[1::2], strict=True)
-                if name.startswith(prefix)}
+        """The fields of ``<prefix>control`` that start with ``prefix`` (``HSCAN ... MATCH``).
+
+        Only the matching fields come back: every instance reads its fleet's registry
+        records every couple of seconds, and the ``jobs:`` records beside them are large.
+        """
+        conn = await self._connection()
+        key = redis_key(self.prefix, "control")
+        pattern = _GLOB_SPECIAL.sub(r"\\\g<0>", prefix) + "*"
+        out: dict[str, str] = {}
+        cursor: Any = 0
+        for _ in range(_MAX_SCAN_CALLS):
+            cursor, flat = await conn.call("HSCAN", key, cursor, "MATCH", pattern,
+                                           "COUNT", _SCAN_COUNT)
+            out.update(_field_pairs(flat))
+            if str(cursor) == "0":
+                break
+        return {name: value for name, value in out.items() if name.startswith(prefix)}
+
+    async def slot_states(self, slots: Sequence[tuple[str, int]]
+                          ) -> dict[tuple[str, int], str] | None:
+        """Each slot's field of its job's ``{..}:state`` hash (``HGET``, pipelined)."""
+        if not self.supports_leases:
+            return None
+        if not slots:
+            return {}
+        conn = await self._connection()
+        replies = await conn.call_many([
+            ("HGET", redis_key(self.prefix, "state", job, tagged=True), str(slot))
+            for job, slot in slots])
+        out: dict[tuple[str, int], str] = {}
+        for key, reply in zip(slots, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            status = None if reply is None else _state_status(str(reply))
+            if status is not None:
+                out[key] = status
+        return out
 
     async def runs(self, query: HistoryQuery) -> RunPage:
         """One page of history across the namespace's jobs, newest first."""
@@ -464,6 +510,24 @@ def server_label(info: Mapping[str, str]) -> str:
     if "valkey_version" in info or info.get("server_name", "").lower() == "valkey":
         return f"Valkey {info.get('valkey_version', info.get('redis_version', '?'))}"
     return f"Redis {info.get('redis_version', '?')}"
+
+
+def _field_pairs(reply: Any) -> dict[str, str]:
+    """An ``HSCAN`` page's fields: a mapping (redis-py parses it so) or a flat list."""
+    if isinstance(reply, Mapping):
+        return {str(k): str(v) for k, v in reply.items()}
+    flat = [str(v) for v in reply or []]
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _state_status(text: str) -> str | None:
+    """The status in a run's state (None if it is not a state anarchon wrote)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    status = value.get("s") if isinstance(value, dict) else None
+    return status if status in RUN_STATUSES else None
 
 
 def _newest_slot(prefix: str, job: str, member: str | None) -> int | None:

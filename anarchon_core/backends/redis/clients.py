@@ -39,12 +39,16 @@ except ImportError:  # pragma: no cover - the [redis] extra installs it
 
 from ...batching import CallBatcher
 from ...decision import (
+    ALREADY_BUFFERED,
+    CANCELLED,
     EARLY_TOLERANCE_MS,
     GAVE_UP,
     HANDED_OVER,
     LEASE_EXPIRED,
     MAX_LEASE_AHEAD_MS,
     OVERLAP_SKIP,
+    WAITING,
+    WAITING_HANDED_OVER,
 )
 from ...errors import ConfigError, StoreError
 from ...url import check_redis_url, mask_url
@@ -128,7 +132,9 @@ def classify(exc: BaseException) -> Kind:
 #: :mod:`anarchon_core.decision` stays their one source.
 _LUA_CONSTANTS = {"LEASE_EXPIRED": LEASE_EXPIRED, "GAVE_UP": GAVE_UP, "HANDED_OVER": HANDED_OVER,
                   "OVERLAP_SKIP": OVERLAP_SKIP, "EARLY_TOLERANCE_MS": str(EARLY_TOLERANCE_MS),
-                  "MAX_LEASE_AHEAD_MS": str(MAX_LEASE_AHEAD_MS)}
+                  "MAX_LEASE_AHEAD_MS": str(MAX_LEASE_AHEAD_MS), "WAITING": WAITING,
+                  "WAITING_HANDED_OVER": WAITING_HANDED_OVER, "CANCELLED": CANCELLED,
+                  "ALREADY_BUFFERED": ALREADY_BUFFERED}
 
 
 def plain(value: Any) -> Any:

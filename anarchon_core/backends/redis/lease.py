@@ -62,14 +62,18 @@ def _keys(prefix: str, job: str, *parts: Part) -> tuple[str, ...]:
     return tuple(redis_key(prefix, p, job, tagged=True) for p in parts)
 
 
+#: A request's overlap policy as the claim script takes it (its ``overlap`` number).
+OVERLAP_CODES = {"skip": "0", "allow": "1", "buffer_one": "2", "cancel_other": "3"}
+
+
 def claim_call(prefix: str, req: ClaimRequest,
                retention: Retention) -> tuple[tuple[str, ...], list[str]]:
     """The keys and arguments of the claim script (``lua/lease_claim.lua``) for ``req``."""
     ttl = retention.history_ttl_ms
     late = req.max_late_ms
-    numbers = (f"{req.slot} {req.manual:d} {req.lease_ms} {req.overlap:d} {req.max_attempts} "
-               f"{-1 if late is None else late} {retention.keep_ms} {retention.history_size} "
-               f"{-1 if ttl is None else ttl} {trim_drawn():d}")
+    numbers = (f"{req.slot} {req.manual:d} {req.lease_ms} {OVERLAP_CODES[req.policy]} "
+               f"{req.max_attempts} {-1 if late is None else late} {retention.keep_ms} "
+               f"{retention.history_size} {-1 if ttl is None else ttl} {trim_drawn():d}")
     args = [req.token, req.runner, numbers]
     if req.missed is not None:
         args.append(req.missed)

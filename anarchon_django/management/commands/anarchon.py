@@ -1,5 +1,8 @@
 """``python manage.py anarchon``: the scheduler worker; ``jobs``, ``history``, ``run``, ``check``.
 
+``import-celery-beat`` copies django-celery-beat's periodic tasks into the Schedule table
+(exit status 1 when a task was refused or could not be written).
+
 Without a subcommand it runs the worker until SIGTERM or SIGINT, then stops gracefully
 (handlers are asked to stop, unfinished runs are handed over to the other instances).
 Exit status: 0 on success; 1 when a store or a job failed (``run`` exits 1 unless the run
@@ -38,7 +41,7 @@ from anarchon_core.cli.main import add_log_format_option, add_metrics_options, s
 from anarchon_core.lifecycle import serve
 from anarchon_core.logjson import install_log_handler
 
-from ... import conf, registry, runtime
+from ... import celerybeat, conf, registry, runtime
 from ...views import local, store_error
 
 log = logging.getLogger("anarchon.django")
@@ -72,13 +75,14 @@ class Command(BaseCommand):
     """Run the anarchon worker, or inspect and run the project's jobs."""
 
     help = ("Run the anarchon scheduler worker (no subcommand), or: jobs, history [JOB], "
-            "run JOB, check.")
+            "run JOB, check, import-celery-beat.")
     # `check` runs them; the worker must start fast. (Django reads it per instance.)
     requires_system_checks = []  # noqa: RUF012
 
     def add_arguments(self, parser: CommandParser) -> None:
         """The subcommands; the worker takes no arguments."""
-        sub = parser.add_subparsers(dest="subcommand", metavar="{jobs,history,run,check}")
+        sub = parser.add_subparsers(dest="subcommand",
+                                    metavar="{jobs,history,run,check,import-celery-beat}")
         sub.add_parser("jobs", help="the declared jobs: schedule, next run, last result")
         history = sub.add_parser("history", help="runs, newest first (times in UTC)")
         add_history_options(history)
@@ -89,6 +93,13 @@ class Command(BaseCommand):
         for p in (parser, *sub.choices.values()):
             p.add_argument("--timeout", type=_seconds, default=30.0,
                            help="seconds to wait for the store (default 30)")
+        beat = sub.add_parser("import-celery-beat", help="copy django-celery-beat's periodic "
+                              "tasks into the Schedule table, with a report per task")
+        beat.add_argument("--dry-run", action="store_true",
+                          help="write nothing, print the same report")
+        beat.add_argument("--disabled", action="store_true",
+                          help="import every task disabled (enable them once celery beat "
+                          "is stopped)")
         add_log_format_option(parser)
         add_metrics_options(parser)
 
@@ -97,7 +108,7 @@ class Command(BaseCommand):
         command = options.get("subcommand")
         handlers: dict[str | None, Callable[[dict[str, Any]], None]] = {
             None: self.worker, "jobs": self.jobs, "history": self.history, "run": self.run,
-            "check": self.check_store,
+            "check": self.check_store, "import-celery-beat": self.import_celery_beat,
         }
         try:
             handlers[command](options)
@@ -235,6 +246,18 @@ class Command(BaseCommand):
         self.stdout.write("format: ok")
         self.stdout.write(f"clock: this machine is {-skew:+.0f} ms off the store's clock")
 
+    def import_celery_beat(self, options: dict[str, Any]) -> None:
+        """Copy the periodic tasks into Schedule rows; exit 1 if a task was not imported."""
+        report = celerybeat.import_periodic_tasks(dry_run=options["dry_run"],
+                                       disabled=options["disabled"])
+        for line in report.lines():
+            self.stdout.write(line)
+        if not report.ok:
+            missing = report.count("refused") + report.count("failed")
+            verb = "would not be imported" if report.dry_run else "not imported"
+            raise CommandError(f"{missing} periodic task(s) {verb} (see above)",
+                               returncode=EXIT_FAILED)
+
     # ------------------------------------------------------------------ the worker
 
     def worker(self, options: dict[str, Any]) -> None:
@@ -246,7 +269,7 @@ class Command(BaseCommand):
 
             serve_metrics(scheduler, options["metrics_port"], options["metrics_addr"])
         names = [j.name for j in scheduler.jobs()]
-        if not names:
+        if not names and not scheduler.sources:
             log.warning("no jobs declared: add @anarchon_django.every/cron in an app's "
                         "jobs.py")
         try:
@@ -258,15 +281,25 @@ class Command(BaseCommand):
                                returncode=EXIT_FAILED) from exc
 
 
+#: How many job names the worker's first line shows.
+_NAMES_SHOWN = 20
+
+
 async def _work(scheduler: Scheduler, names: list[str]) -> None:
     ran = False
 
     def running() -> None:
         nonlocal ran
         ran = True
-        log.info("anarchon worker %s running %d job(s) (%s) on %s; stop with SIGTERM or "
-                 "Ctrl-C", scheduler.instance_id, len(names), ", ".join(names) or "none",
+        shown = ", ".join(names[:_NAMES_SHOWN]) + (", ..." if len(names) > _NAMES_SHOWN else "")
+        rows = sum(len(sync.active_names()) for sync in scheduler.sources)
+        log.info("anarchon worker %s running %d job(s) (%s)%s on %s; stop with SIGTERM or "
+                 "Ctrl-C", scheduler.instance_id, len(names), shown or "none",
+                 f" and {rows} from the Schedule table" if scheduler.sources else "",
                  scheduler.backend.describe())
+        if not names and not rows and scheduler.sources:
+            log.warning("no jobs: add @anarchon_django.every/cron in an app's jobs.py, or "
+                        "rows to the Schedule table (the admin's Schedules)")
 
     await serve(scheduler, on_running=running)
     if ran:

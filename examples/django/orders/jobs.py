@@ -51,3 +51,16 @@ def tick(ctx: JobContext) -> None:
         time.sleep(0.02)
     ctx.check_lease()  # still ours? (raises LeaseLost if another instance took over)
     Tick.objects.create(slot=ctx.slot, attempt=ctx.attempt, runner=ctx.instance_id)
+
+
+@anarchon_django.handler("send-newsletter")
+def send_newsletter(ctx: JobContext, tenant: str, segment: str = "all") -> None:
+    """A target for schedules kept in the database: one ``Schedule`` row per tenant.
+
+    Created in the admin ("Schedules") or by code, e.g. when a tenant signs up::
+
+        Schedule.objects.create(name=f"newsletter-{tenant}", target="send-newsletter",
+                                cron="0 9 * * 1", kwargs={"tenant": tenant})
+    """
+    ctx.meta["tenant"] = tenant
+    ctx.meta["segment"] = segment

@@ -48,3 +48,11 @@ def utc(ctx: JobContext) -> None:
 def fail(ctx: JobContext) -> None:
     """A job that fails."""
     raise RuntimeError("the report server said no")
+
+
+@anarchon_django.handler("testapp.greet")
+def greet(ctx: JobContext, who: str = "world", times: int = 1) -> None:
+    """A target of database schedules: one note per call, its runner the argument."""
+    for _ in range(times):
+        Note.objects.create(job=ctx.job, slot=ctx.slot, manual=ctx.manual,
+                            runner=f"{who}")
