@@ -84,7 +84,7 @@ from anarchon_core import (
     slot_to_datetime,
 )
 from anarchon_core.naming import validate_job_name
-from anarchon_core.options import JobOptions
+from anarchon_core.options import JobOptions, overlap_policy
 
 from .context import RunContext, with_context
 from .triggers import (
@@ -152,6 +152,9 @@ class _Batch:
     job: Any
     jobstore: str
     items: deque[tuple[datetime, SyncClaimHandle]]
+    #: Taken over, or a buffered firing whose turn came: late by design, the claim allowed
+    #: it, so the inner executor must not judge it against ``misfire_grace_time`` again.
+    late_by_design: bool = False
 
 
 @dataclass
@@ -265,6 +268,11 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
                                   f"{', '.join(_JOB_DEFAULTS)}")
         self._leases = self._anarchon.backend.supports_leases
         JobOptions.build(None, dict(job_defaults), leases=self._leases, now_ms=0)
+        if overlap_policy(job_defaults.get("overlap", "skip")) == "cancel_other":
+            raise ConfigError("overlap='cancel_other' does not apply to APScheduler jobs: "
+                              "APScheduler cannot cancel a running job function, so the new "
+                              "firing would only wait for it; give overlap='buffer_one' for "
+                              "that, or check current_run().cancelled in the job")
         self._job_defaults: dict[str, Any] = dict(job_defaults)
         self._owns_anarchon = False
         #: Job id → the options and schedule text it was defined with.
@@ -707,8 +715,12 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
             self._end_claim(claim, None)
             return
         job, jobstore = known
-        log.warning("%s slot %s: lease expired, taking over as attempt %s", job.id,
-                    handle.slot, handle.attempt)
+        if handle.attempt > 1:
+            log.info("%s slot %s: taken over as attempt %s", job.id, handle.slot,
+                     handle.attempt)
+        else:  # a buffered firing (overlap='buffer_one') whose turn came
+            log.info("%s slot %s: buffered firing starts, the job's earlier run has ended",
+                     job.id, handle.slot)
         run_time = slot_to_datetime(handle.slot)
         # Off the anarchon loop: the inner executor and the end records block.
         threading.Thread(target=self._in_scheduler_thread, daemon=True,
@@ -721,7 +733,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
             self._end_claim(claim, None)
             return
         self._emit(JobSubmissionEvent(EVENT_JOB_SUBMITTED, job.id, jobstore, [run_time]))
-        self._start_batch(_Batch(job, jobstore, deque([(run_time, claim)])))
+        self._start_batch(_Batch(job, jobstore, deque([(run_time, claim)]),
+                                 late_by_design=True))
 
     def _in_scheduler_thread(self, call: Callable[[], None]) -> None:
         # AsyncIOExecutor must be given jobs on the event loop's thread.
@@ -748,7 +761,8 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
                 self._end_claim(handle, None)
                 continue
             clone_id = f"{batch.job.id}#anarchon-{next(self._ids)}"
-            clone = self._clone(batch.job, clone_id, run_time, handle)
+            clone = self._clone(batch.job, clone_id, run_time, handle,
+                                late_by_design=batch.late_by_design)
             self._runs[clone_id] = _Run(batch, run_time, handle)
             try:
                 self._inner.submit_job(clone, [run_time])
@@ -773,15 +787,14 @@ class AnarchonExecutor(BaseExecutor):  # type: ignore[misc]
             threading.Thread(target=self._stop_anarchon, daemon=True).start()
 
     def _clone(self, job: Any, clone_id: str, run_time: datetime,
-               handle: SyncClaimHandle) -> Any:
+               handle: SyncClaimHandle, *, late_by_design: bool) -> Any:
         """The job under an id of its own, so each run's end can be told apart."""
         clone = Job.__new__(Job)
         for name in _JOB_SLOTS:
             with contextlib.suppress(AttributeError):
                 setattr(clone, name, getattr(job, name))
         clone.id = clone_id
-        if handle.attempt > 1:
-            # A takeover comes a lease after the run time by design; the claim allowed it.
+        if late_by_design or handle.attempt > 1:
             clone.misfire_grace_time = None
         if self._wrap_funcs:
             context = RunContext(job.id, run_time, handle.slot, handle.attempt, handle.token,

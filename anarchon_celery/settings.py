@@ -304,7 +304,7 @@ class Settings:
                 lease_ms=self.lease_ms if leases else None,
                 heartbeat_ms=self.heartbeat_ms if leases else None,
                 history_size=self.history_size, history_ttl_ms=self.history_ttl_ms,
-                handler_threads=2)
+                handler_threads=2, contenders=False)
         except ConfigError as exc:  # the core names its parameters; say our settings
             raise ConfigError(_SCHEDULER_OPTION.sub(r"anarchon_\1", str(exc))) from None
 

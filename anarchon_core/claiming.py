@@ -101,13 +101,17 @@ class Claims:
 
     def request(self, job: RegisteredJob, slot: int, *, manual: bool = False,
                 max_late_ms: int | None = None, token: str | None = None,
-                max_attempts: int | None = None) -> ClaimRequest:
-        """The claim of ``slot`` of ``job`` by this instance, with the job's options."""
+                max_attempts: int | None = None, overlap: str | None = None) -> ClaimRequest:
+        """The claim of ``slot`` of ``job`` by this instance, with the job's options.
+
+        ``overlap`` replaces the job's policy for this claim, if given.
+        """
         o = job.options
         return ClaimRequest(
             job=job.name, slot=slot, token=token or new_token(),
             runner=self._settings.instance_id, manual=manual,
-            lease_ms=self._settings.lease_ms, overlap="allow" if manual else o.overlap,
+            lease_ms=self._settings.lease_ms,
+            overlap="allow" if manual else overlap or o.overlap,
             max_attempts=max_attempts if max_attempts is not None
             else 1 if manual else o.max_attempts,
             max_late_ms=None if manual else (o.max_late_ms if max_late_ms is None

@@ -25,7 +25,7 @@ from .backend import Backend
 from .claim import ClaimHandle
 from .claiming import Claims, NotClaimed
 from .contenders import CONTENDERS, Contenders, look_at, rank_delay_ms
-from .downtime import catch_up_slots
+from .downtime import CATCH_UP_ALL_MAX, catch_up_slots, slots_between
 from .errors import StoreError, StoreUnavailable
 from .health import StoreHealth
 from .jobs import RegisteredJob
@@ -42,6 +42,9 @@ log = logging.getLogger("anarchon.scheduler")
 #: A catch-up claim of ``catch_up="all"`` may come this long after the claim's own lateness
 #: (its slot was in the window when the catch-up began).
 _CATCH_UP_MARGIN_MS = 1_000
+#: ``catch_up="all"`` goes on with the slots that came due while it caught up, this many
+#: times at most; then the job's timer takes over.
+_CATCH_UP_PASSES = 4
 #: A job's slots this instance does not contend for are passed over up to this far ahead
 #: (ms), and at most this many; past that it wakes up and looks again.
 _SKIP_HORIZON_MS = 600_000
@@ -92,9 +95,12 @@ class Firing:
             return
         job.generation += 1
         job.handled_ms = now = round(self._now_ms())
+        catch_up = job.options.catch_up if job.options.catch_up_ms and \
+            self._catch_up_allowed else "none"
+        if catch_up == "all":
+            job.catching_up = True  # armed once the missed slots are through
         self.arm(job, job.schedule, now)
-        if job.options.catch_up_ms and job.options.catch_up != "none" \
-                and self._catch_up_allowed:
+        if catch_up != "none":
             self._spawn(self.catch_up(job, job.schedule))
 
     def arm(self, job: RegisteredJob, schedule: Schedule, after_ms: int) -> None:
@@ -103,6 +109,8 @@ class Firing:
         Without a view of the fleet: the first slot, with fresh jitter. With one, slots
         ranked to others are passed over (up to a bound, then a wake-up that looks again).
         """
+        if job.catching_up:
+            return
         slot = schedule.next_after(after_ms)
         view = self._contenders.view()
         if view is None:
@@ -191,21 +199,11 @@ class Firing:
         The run that catches up carries ``missed_count`` (in ``ctx.missed_count`` and its
         history ``meta``): how many missed slots it stands for.
         """
-        now = round(self._now_ms())
-        window = catch_up_slots(job, schedule, now)
-        if not window:
-            return
         if job.options.catch_up == "all":
-            # Every slot of the window in turn, also those that ran (they answer done): an
-            # instance that started later than another must not claim ahead of it.
-            log.info("%s: catching up the slots of the last %d ms, oldest first", job.name,
-                     job.options.catch_up_ms)
-            for slot in window:
-                if not self._active():
-                    return
-                late = round(self._now_ms()) - slot + _CATCH_UP_MARGIN_MS
-                await self._catch_up_one(job, slot, 1,
-                                         max_late_ms=max(job.options.catch_up_ms, late))
+            await self._catch_up_all(job, schedule)
+            return
+        window = catch_up_slots(job, schedule, round(self._now_ms()))
+        if not window:
             return
         try:
             newest = (await self._health.timed(
@@ -219,10 +217,49 @@ class Firing:
             await self._catch_up_one(job, missed[-1], len(missed),
                                      max_late_ms=job.options.catch_up_ms)
 
+    async def _catch_up_all(self, job: RegisteredJob, schedule: Schedule) -> None:
+        """Every slot of the window in turn, then those that came due meanwhile; then arm.
+
+        Also the slots that ran are claimed (they answer done): an instance that started
+        later than another must not claim ahead of it.
+        """
+        upto: int | None = None
+        try:
+            window = catch_up_slots(job, schedule, round(self._now_ms()))
+            if window:
+                log.info("%s: catching up the slots of the last %d ms, oldest first",
+                         job.name, job.options.catch_up_ms)
+            for _ in range(_CATCH_UP_PASSES):
+                for slot in window:
+                    if not self._active():
+                        return
+                    late = round(self._now_ms()) - slot + _CATCH_UP_MARGIN_MS
+                    await self._catch_up_one(job, slot, 1,
+                                             max_late_ms=max(job.options.catch_up_ms, late))
+                    upto = slot
+                if upto is None:
+                    break
+                window = slots_between(schedule, upto, round(self._now_ms()),
+                                       CATCH_UP_ALL_MAX)
+                if not window:
+                    break
+        finally:
+            job.catching_up = False
+            if self._job(job.name) is job and self._active():
+                self.arm(job, schedule, round(self._now_ms()) if upto is None else upto)
+
     async def _catch_up_one(self, job: RegisteredJob, slot: int, missed_count: int, *,
                             max_late_ms: int) -> None:
-        """Claim one catch-up slot and wait for its end: run here, or watched elsewhere."""
-        outcome = await self._claims.claim_slot(job, slot, max_late_ms=max_late_ms)
+        """Claim one catch-up slot and wait for its end: run here, or watched elsewhere.
+
+        Under ``skip`` a catch-up slot waits for a run of the job still live (a run taken
+        over at start, say) instead of being skipped beside it: it is the one chance that
+        slot has.
+        """
+        policy = job.options.overlap
+        request = self._claims.request(job, slot, max_late_ms=max_late_ms,
+                                       overlap="buffer_one" if policy == "skip" else policy)
+        outcome = await self._claims.claim_slot(job, slot, request=request)
         if isinstance(outcome, ClaimHandle):
             outcome.meta.update(catch_up=job.options.catch_up, missed_count=str(missed_count))
             await self._runs.run_handle(job, outcome)

@@ -42,6 +42,9 @@ class RegisteredJob:
     #: start: re-arming after a change of contenders goes on from it, so no slot is
     #: claimed twice here or passed over.
     handled_ms: int | None = None
+    #: ``catch_up="all"`` goes through the missed slots: the job's timer is armed when it
+    #: is done, so no slot of its own comes due beside a catch-up run (and is skipped).
+    catching_up: bool = False
 
     def is_watching(self, key: tuple[int, bool]) -> bool:
         """Whether this instance already watches that run as a backup."""

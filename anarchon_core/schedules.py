@@ -25,6 +25,7 @@ import copy
 import functools
 import itertools
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -253,6 +254,26 @@ def is_wildcard(expression: str) -> bool:
     return minute.startswith("*") or hour.startswith("*")
 
 
+_ONE_VALUE_RANGE = re.compile(r"^(\w+)-(\w+)(/\d+)?$")
+
+
+def _croniter_spelling(expression: str) -> str:
+    """``expression`` with each range of one value (``5-5``, ``5-5/10``) as that value.
+
+    croniter reads such a range as ``*`` (or as ``*/n``), cron(8) as the value.
+    """
+    if expression.startswith("@"):
+        return expression
+    fields = []
+    for field in expression.split(" "):
+        parts = []
+        for part in field.split(","):
+            match = _ONE_VALUE_RANGE.match(part)
+            parts.append(match[1] if match and match[1].lower() == match[2].lower() else part)
+        fields.append(",".join(parts))
+    return " ".join(fields)
+
+
 #: The values each field of a cron expression can take, in cron's numbers (Sunday is 0).
 CRON_FIELD_RANGES: Mapping[str, tuple[int, int]] = {
     "second": (0, 59), "minute": (0, 59), "hour": (0, 23), "day": (1, 31), "month": (1, 12),
@@ -311,7 +332,8 @@ class CronSchedule(Schedule):
                 "(minute hour day month weekday) or 6 with seconds first"
             )
         try:
-            template = croniter(self.expression, datetime(2000, 1, 1), second_at_beginning=True)
+            template = croniter(_croniter_spelling(self.expression), datetime(2000, 1, 1),
+                                second_at_beginning=True)
         except (CroniterError, ValueError, KeyError, TypeError, IndexError,
                 OverflowError) as exc:
             raise ConfigError(f"invalid cron expression {shown(expression)}: {exc}") from None

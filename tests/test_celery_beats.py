@@ -307,12 +307,15 @@ def test_worker_runs_the_tasks_and_track_tasks_prevents_overlap(
         tmp_path: Path, redis_server: RedisServer) -> None:
     """End to end on a Redis broker: 2 beats and a worker. Every slot of a fast entry runs
     once with its args and kwargs; a 2.5 s task every 1 s with ``anarchon_track_tasks``
-    never runs twice at the same time (its next slots are skipped while it runs)."""
+    never runs twice at the same time (its next slots are skipped while it runs), and with
+    ``overlap="buffer_one"`` the slot due meanwhile is sent as soon as the task ends."""
     schedule = {
         "fast": {"task": "beatapp.tick", "every": 1, "args": [1, "a"],
                  "kwargs": {"k": [1, 2]}, "options": {"queue": QUEUE}},
         "slow": {"task": "beatapp.slow", "every": 1, "args": [2.5],
                  "options": {"queue": QUEUE}},
+        "buffered": {"task": "beatapp.slow", "every": 1, "args": [2.5],
+                     "options": {"queue": QUEUE, "anarchon": {"overlap": "buffer_one"}}},
     }
     conf = {**BASE_CONF, "anarchon_track_tasks": True}
     with fleet(tmp_path / "app", redis_server.url, schedule, conf) as group:
@@ -345,6 +348,13 @@ def test_worker_runs_the_tasks_and_track_tasks_prevents_overlap(
     tracked = read_history(f"{redis_server.url}?prefix=anarchon:celery:", "slow~task")
     assert {r.status for r in tracked} >= {"success"}
     assert all(r.runner.startswith("worker@") for r in tracked)
+    buffered = sorted((r["start"], r["end"], r["slot"]) for r in runs
+                      if r["job"] == "buffered")
+    assert len(buffered) >= 3, buffered
+    for (_, end_a, slot_a), (start_b, _, slot_b) in itertools.pairwise(buffered):
+        assert start_b >= end_a, f"buffered slots {slot_a} and {slot_b} ran at the same time"
+        assert start_b - end_a < 2.0, f"slot {slot_b} was not sent when {slot_a} ended"
+    assert len({slot for _, _, slot in buffered}) == len(buffered)
 
 
 @pytest.mark.parametrize("store", ["postgres", "redis"])

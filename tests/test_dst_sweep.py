@@ -13,7 +13,8 @@ fixed-time one.
 Every zone is swept over all its changes, each change with a few (expression, dst)
 pairs in turn so that every pair meets every kind of change across the sweep; a few
 zones chosen for their oddities (30-minute shifts, negative DST, changes at midnight)
-get every pair at every change of 2026 and 2027.
+get every pair at every change of 2026 and 2027. A property test then draws zones,
+changes, expressions written field by field and dst choices at random.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from anarchon_core.schedules import CronSchedule
 
@@ -264,3 +267,28 @@ def test_every_minute_and_every_second_jobs(tz: str) -> None:
         for dst in (None, "once_first", "once_last", "shift"):
             check(tz, "* * * * *", dst, change, window=2 * HOUR)
             check(tz, "*/10 30-59 * * * *", dst, change, window=HOUR + HOUR // 2)
+
+
+def cron_field(low: int, high: int) -> st.SearchStrategy[str]:
+    """One cron field the oracle reads: ``*``, ``*/n``, ``a``, ``a-b``, ``a-b/n`` or a list."""
+    value = st.integers(low, high)
+    span = st.tuples(value, value).map(lambda ab: f"{min(ab)}-{max(ab)}")
+    step = st.integers(2, max(2, (high - low) // 2))
+    part = st.one_of(value.map(str), span,
+                     st.tuples(span, step).map(lambda sn: f"{sn[0]}/{sn[1]}"))
+    listed = st.lists(part, min_size=1, max_size=3).map(",".join)
+    return st.one_of(st.just("*"), step.map(lambda n: f"*/{n}"), listed)
+
+
+EXPRESSIONS = st.tuples(cron_field(0, 59), cron_field(0, 23),
+                        st.one_of(st.just("*"), cron_field(0, 6))).map(
+    lambda mhd: f"{mhd[0]} {mhd[1]} * * {mhd[2]}")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), expression=EXPRESSIONS, dst=st.sampled_from(DST))
+def test_random_expressions_at_random_changes_of_random_zones(
+        data: st.DataObject, expression: str, dst: object) -> None:
+    tz = data.draw(st.sampled_from(dst_zones()), label="zone")
+    change = data.draw(st.sampled_from(changes(tz)), label="change")
+    check(tz, expression, dst, change)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -58,15 +59,17 @@ def test_a_partitioned_runner_is_cancelled_before_the_backup_starts(store_url: s
     parts = urlsplit(store_url)
     assert parts.hostname is not None
     assert parts.port is not None
-    timings = {"lease_ms": 2_000, "heartbeat_ms": 400}
+    # Every instance claims every slot (no contender sets): the jitter alone decides who runs.
+    timings: dict[str, Any] = {"lease_ms": 2_000, "heartbeat_ms": 400, "contenders": False}
     with FreezableProxy((parts.hostname, parts.port)) as proxy:
         # The partitioned instance claims at the slot's instant; the others a little later,
         # so it is the runner and they are its backups.
-        # The first slot 5 s from now (the instances are up by then), the next one later.
-        offset = f"{(now_ms() + 5_000) % 20_000}ms"
-        first_job = [InstanceJob("long", every="20s", sleep_s=6.0,
+        # The first slot 5 s from now (the instances are up by then), the next ones every
+        # 10 s: a backup whose jitter came out near 0 may win a slot now and then.
+        offset = f"{(now_ms() + 5_000) % 10_000}ms"
+        first_job = [InstanceJob("long", every="10s", sleep_s=6.0,
                              options={"jitter_ms": 0, "offset": offset})]
-        backup_jobs = [InstanceJob("long", every="20s", sleep_s=6.0,
+        backup_jobs = [InstanceJob("long", every="10s", sleep_s=6.0,
                                options={"jitter_ms": 400, "offset": offset})]
         partitioned = start_instances(through(store_url, proxy), first_job, 1,
                                       tmp_path / "partitioned", **timings)
@@ -74,8 +77,14 @@ def test_a_partitioned_runner_is_cancelled_before_the_backup_starts(store_url: s
         with partitioned, backups:
             partitioned.wait_ready()
             backups.wait_ready()
-            start = wait_for(lambda: entry(partitioned.ledger(), "start", 1), 40,
-                             "the partitioned instance to start a run")
+            try:
+                start = wait_for(lambda: entry(partitioned.ledger(), "start", 1), 45,
+                                 "the partitioned instance to start a run")
+            except AssertionError as exc:
+                won = [(e.slot, e.time_ms - e.slot) for e in backups.ledger()
+                       if e.event == "start"]
+                raise AssertionError(f"{exc}; the backups started (slot, ms late): {won}; "
+                                     f"{partitioned.instances[0].log()[-1500:]}") from None
             time.sleep(0.5)
             proxy.freeze()
             takeover = wait_for(lambda: entry(backups.ledger(), "start", 2), 20,

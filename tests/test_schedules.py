@@ -557,3 +557,24 @@ def test_cron_fields_read_as_the_schedule_reads_them() -> None:
     six = CronSchedule("5 0 0 * * 7").fields()
     assert (six.second, six.day_of_week, len(six.day)) == ({5}, {0}, 31)
     assert CronSchedule("0 0 * * 5#2").fields().weekday_positions
+
+
+@pytest.mark.parametrize(("expression", "minutes", "hours"), [
+    ("5-5 3 * * *", {5}, {3}),
+    ("* 0-0 * * *", set(range(60)), {0}),
+    ("1-1/2,30 * * * *", {1, 30}, set(range(24))),
+    ("7,40-40/5 12-12/3 * * *", {7, 40}, {12}),
+])
+def test_a_range_of_one_value_is_that_value(expression: str, minutes: set[int],
+                                            hours: set[int]) -> None:
+    """As in cron(8): croniter alone reads ``5-5`` as ``*`` and ``1-1/2`` as ``*/2``."""
+    schedule = CronSchedule(expression)
+    fields = schedule.fields()
+    assert (fields.minute, fields.hour) == (minutes, hours)
+    day = 1_800_000_000_000 - 1_800_000_000_000 % 86_400_000
+    at, seen = day - 1, []
+    while (at := schedule.next_after(at)) < day + 86_400_000:
+        seen.append(at)
+    assert seen == sorted(day + (h * 60 + m) * 60_000 for h in hours for m in minutes)
+    assert CronSchedule("0 9 * * mon-mon").fields().day_of_week == {1}
+    assert schedule.expression == expression  # shown as it was written

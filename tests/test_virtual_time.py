@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from anarchon_core import JobContext, Scheduler
+from anarchon_core.downtime import CATCH_UP_ALL_MAX
 from anarchon_core.testing import MemoryBackend
 from tests.support.clock import LoopClock
 
@@ -73,3 +74,27 @@ async def test_a_stopped_runner_hands_its_long_run_over_at_once() -> None:
     # The backup's next poll (every 1–2 heartbeats) finds the hand-over after the grace:
     # within 2.5 s of the stop, where a lease expiry would take 3 s and more.
     assert starts[1][2] - stopped_at <= 2.5
+
+
+async def test_catch_up_all_runs_at_most_the_newest_thousand_slots_oldest_first() -> None:
+    clock = LoopClock()
+    store = MemoryBackend(clock.store_ms)
+    seen: list[tuple[int, int]] = []
+
+    async def job(ctx: JobContext) -> None:
+        seen.append((ctx.slot, ctx.missed_count))
+
+    (s,) = fleet(1, clock, store)
+    # 1,500 one-second slots in the window, none of them run: the newest 1,000 are caught up.
+    s.every("tick", "1s", job, jitter_ms=0, catch_up_ms=1_500_000, catch_up="all")
+    started = clock.store_ms()
+    await s.start()
+    await asyncio.sleep(60)
+    await s.stop()
+    caught = [slot for slot, _ in seen if slot <= started]
+    assert len(caught) == CATCH_UP_ALL_MAX
+    assert caught == sorted(caught)
+    newest = started - started % 1_000
+    assert caught == [newest - k * 1_000 for k in range(CATCH_UP_ALL_MAX)][::-1]
+    assert {count for slot, count in seen if slot <= started} == {1}
+    assert Counter(slot for slot, _ in seen).most_common(1)[0][1] == 1

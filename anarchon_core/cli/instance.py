@@ -160,6 +160,8 @@ def build(args: argparse.Namespace) -> Scheduler:
         kwargs["instance_id"] = args.instance_id
     if args.history_size:
         kwargs["history_size"] = args.history_size
+    if args.no_contenders:
+        kwargs["contenders"] = False
     scheduler = Scheduler(args.backend, **kwargs)
     ledger = None
     if args.ledger:
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--instance-id", default=None)
     parser.add_argument("--history-size", type=int, default=None)
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--no-contenders", action="store_true",
+                        help="claim every slot here (Scheduler(contenders=False))")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format=f"%(asctime)s [{os.getpid()}] %(name)s %(message)s")

@@ -121,7 +121,8 @@ class Cluster:
     def __init__(self, url: str, jobs: list[InstanceJob], workdir: Path, *,
                  lease_ms: int | None = None, heartbeat_ms: int | None = None,
                  env: dict[str, str] | None = None, grace_ms: int = 2_000,
-                 log_level: str = "INFO", history_size: int | None = None) -> None:
+                 log_level: str = "INFO", history_size: int | None = None,
+                 contenders: bool = True) -> None:
         self.url = url
         self.jobs = jobs
         self.ledger_dir = workdir / "ledger"
@@ -132,6 +133,8 @@ class Cluster:
         self.grace_ms = grace_ms
         self.log_level = log_level
         self.history_size = history_size
+        #: False: every instance claims every slot (``Scheduler(contenders=False)``).
+        self.contenders = contenders
         self.instances: list[Instance] = []
 
     def command(self) -> list[str]:
@@ -146,6 +149,8 @@ class Cluster:
             cmd += ["--heartbeat-ms", str(self.heartbeat_ms)]
         if self.history_size:
             cmd += ["--history-size", str(self.history_size)]
+        if not self.contenders:
+            cmd.append("--no-contenders")
         return cmd
 
     def add(self, env: dict[str, str] | None = None) -> Instance:
@@ -214,10 +219,11 @@ class Cluster:
 
 def start_instances(url: str, jobs: list[InstanceJob], count: int, workdir: Path, *,
                     lease_ms: int | None = None, heartbeat_ms: int | None = None,
-                    env: dict[str, str] | None = None, grace_ms: int = 2_000) -> Cluster:
+                    env: dict[str, str] | None = None, grace_ms: int = 2_000,
+                    contenders: bool = True) -> Cluster:
     """Start ``count`` instance processes (call ``wait_ready`` before timing anything)."""
     cluster = Cluster(url, jobs, workdir, lease_ms=lease_ms, heartbeat_ms=heartbeat_ms,
-                      env=env, grace_ms=grace_ms)
+                      env=env, grace_ms=grace_ms, contenders=contenders)
     for _ in range(count):
         cluster.add()
     return cluster

@@ -248,6 +248,34 @@ def test_missed_and_max_instances_are_emitted_once_per_firing(url: str) -> None:
     assert all(a != b for a, b in itertools.pairwise(marks)), marks
 
 
+def test_buffer_one_runs_a_firing_due_meanwhile_once_the_run_ends(url: str) -> None:
+    """``overlap="buffer_one"``: the firing due while ``slow`` runs waits, then runs at once;
+    never two runs at a time, and a firing is skipped only when one is waiting already."""
+    RAN.clear()
+    pair = Pair(url, overlap="buffer_one")
+    pair.add_job(slow, "cron", second="*", id="slow")
+    pair.run(7.5)
+    marks = sorted((at, job) for job, at, _ in RAN if job.startswith("slow"))
+    kinds = [job for _, job in marks]
+    assert all(a != b for a, b in itertools.pairwise(kinds)), kinds
+    assert kinds.count("slow-start") >= 3, kinds
+    # Each buffered run starts as its predecessor ends, not at the next firing.
+    gaps_s = [(b[0] - a[0]) / 1e9 for a, b in itertools.pairwise(marks)
+              if (a[1], b[1]) == ("slow-end", "slow-start")]
+    assert gaps_s, marks
+    assert max(gaps_s) < 0.8, gaps_s
+    history = read_history(url, "slow")
+    assert {r.status for r in history} <= {"success", "skipped", "running", "interrupted"}
+    assert any(r.status == "skipped" for r in history), "no firing found one waiting"
+
+
+def test_cancel_other_is_refused_as_apscheduler_cannot_cancel_a_function(url: str) -> None:
+    with pytest.raises(ConfigError, match="overlap='cancel_other' does not apply"):
+        AnarchonExecutor(backend=url, overlap="cancel_other")
+    with pytest.raises(ConfigError, match="invalid overlap 'sometimes'"):
+        AnarchonExecutor(backend=url, overlap="sometimes")
+
+
 def _anarchon_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("anarchon")}
 

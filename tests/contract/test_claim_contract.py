@@ -10,6 +10,7 @@ lease-only options on it.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -245,15 +246,22 @@ def test_scheduler_refuses_lease_timings(
 
 
 @pytest.mark.parametrize(("option", "value"),
-                         [("overlap", True), ("overlap", False), ("max_attempts", 2),
-                          ("catch_up_ms", 60_000)])
+                         [("overlap", True), ("overlap", False), ("overlap", "skip"),
+                          ("overlap", "allow"), ("overlap", "buffer_one"),
+                          ("overlap", "cancel_other"), ("max_attempts", 2),
+                          ("catch_up_ms", 60_000), ("catch_up", "all"),
+                          ("catch_up", "none"), ("catch_up", "newest")])
 def test_scheduler_refuses_lease_only_job_options(
     claim_store: tuple[StoreSpec, StoreHandle], namespace: str, option: str, value: object
 ) -> None:
+    """A claim-only store keeps no lease, so no overlap or catch-up policy: each is refused
+    by its name and value, at definition."""
     scheduler = Scheduler(claim_store[1].backend(namespace))
-    with pytest.raises(ConfigError, match=option):
+    named = f"{option}={value!r}" if option in ("overlap", "catch_up") else option
+    expected = re.escape(f"option(s) {named} need a lease backend")
+    with pytest.raises(ConfigError, match=expected):
         scheduler.every("tick", "10s", _noop, **{option: value})
-    with pytest.raises(ConfigError, match=option):
+    with pytest.raises(ConfigError, match=expected):
         scheduler.cron("report", "0 8 * * *", _noop, **{option: value})
     scheduler.every("tick", "10s", _noop, max_late_ms=5_000, jitter_ms=100)
     assert [j.name for j in scheduler.jobs()] == ["tick"]

@@ -119,3 +119,19 @@ def test_a_second_ready_does_not_register_declarations_twice(store: Store) -> No
         assert [j.name for j in scheduler.jobs()].count(name) == 1
     finally:
         registry.forget(name)
+
+
+def test_policies_given_to_a_decorator_reach_the_scheduler(store: Store) -> None:
+    def handler(ctx: JobContext) -> None:
+        pass
+
+    name = f"testapp.policies-{uuid.uuid4().hex[:6]}"
+    anarchon_django.cron(name, "*/30 * * * *", handler, tz="Europe/Athens", dst="both,skip",
+                         overlap="buffer_one", catch_up="all", catch_up_ms=3_600_000)
+    try:
+        [info] = [j for j in anarchon_django.get_scheduler().jobs() if j.name == name]
+    finally:
+        registry.forget(name)
+    assert (info.options["overlap"], info.options["catch_up"], info.options["catch_up_ms"]) \
+        == ("buffer_one", "all", 3_600_000)
+    assert "dst=both,skip" in info.schedule
