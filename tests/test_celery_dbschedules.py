@@ -153,6 +153,8 @@ def test_two_beats_send_the_celery_rows_and_follow_their_edits(
             "every='1s', kwargs={'row': True}, task_options={'queue': 'dbq'})\n")
         beats = [group.beat(), group.beat()]
         group.wait_connected(beats)
+        # Each change is committed somewhere inside its django() call, which starts a
+        # Python process: the times before and after the call bound the commit.
         group.django(
             "Schedule.objects.create(name='dbtick', target_kind='celery', "
             "target='beatapp.tick', every='1s', kwargs={'v': 1}, task_options="
@@ -163,9 +165,11 @@ def test_two_beats_send_the_celery_rows_and_follow_their_edits(
             "one_off=True, task_options={'queue': 'dbq'})\n")
         created = now_ms()
         time.sleep(4)
+        editing = now_ms()
         group.django("Schedule.objects.filter(name='dbtick').update(kwargs={'v': 2})\n")
         edited = now_ms()
         time.sleep(4)
+        stopping = now_ms()
         group.django("Schedule.objects.filter(name='dbtick').update(enabled=False)\n"
                      "Schedule.objects.filter(name='dbauto').delete()\n")
         stopped = now_ms()
@@ -182,7 +186,7 @@ def test_two_beats_send_the_celery_rows_and_follow_their_edits(
     settle = POLL_MS + 1_000  # a poll, then the next slot's claim (jitter ≤ 100 ms)
 
     rows = {m["anarchon_slot"]: m for m in messages if m["anarchon_job"] == "dbtick"}
-    expected = set(grid_slots(1_000, created + settle, stopped - 500))
+    expected = set(grid_slots(1_000, created + settle, stopping - 500))
     assert expected, "the test's timeline left no slot to check"
     assert not expected - set(rows), sorted(expected - set(rows))
     for slot, message in rows.items():
@@ -190,14 +194,14 @@ def test_two_beats_send_the_celery_rows_and_follow_their_edits(
         assert message["tenant"] == "t1"
         assert message["expires"]
         assert message["anarchon_id"] == f"dbtick@{slot}"
-        if slot < edited:
+        if slot < editing - 500:
             assert message["kwargs"] == {"v": 1}, (slot, edited, message)
         elif slot > edited + settle:
             assert message["kwargs"] == {"v": 2}, (slot, edited, message)
     assert max(rows) <= stopped + settle, "a disabled row was still sent"
 
     auto = {m["anarchon_slot"]: m for m in messages if m["anarchon_job"] == "dbauto"}
-    assert set(grid_slots(1_000, created + settle, stopped - 500)) <= set(auto)
+    assert set(grid_slots(1_000, created + settle, stopping - 500)) <= set(auto)
     assert all(m["args"] == [7] for m in auto.values())
     assert max(auto) <= stopped + settle, "a deleted row was still sent"
 
